@@ -1,0 +1,353 @@
+"""Reference path: any AttentionRecipe in plain torch (CPU or CUDA). The ground truth for kernels.
+
+``recipe_attention(q, k, v, recipe, query_index=..., layout=...)`` computes the recipe's output for
+the chosen query rows against the full K/V context and returns every boundary tensor. Keys are
+processed in chunks, so memory is O(n_queries * key_chunk) and never S x S.
+
+Emulation choices (the kernels' torch twin; say so in any comparison):
+- Q and K are quantized with one scale per (batch, ``qk_block`` tokens, head); V with one scale per
+  (batch, head, channel); values land exactly on the E4M3 / INT8 grid (``quant.py``).
+- K smoothing subtracts mu_K = FP32 token mean of K per (batch, head, channel) before quantizing;
+  V smoothing subtracts mu_V; the output adds mu_V back, or ``v_corr = mu_V - mean_t(dq(V - mu_V))``
+  with the V-bias correction, which makes the effective V's token mean exact.
+- P = 2^(s - m) uses the row's final max m (computed in a first pass), so the result does not depend
+  on the key-tile order; the row sum l accumulates the FP32 P while PV uses the quantized P
+  (as SageAttention and FA3 do). A kernel's online softmax quantizes 2^(s - m_running) instead: the
+  same error statistics, not the same bits.
+- Sol routing is decided from FP32 Q block means and (smoothed) FP32 K block means; the summary
+  route also uses FP32 block means of K and block sums of V, in FP32.
+- The output is rounded to BF16 after the epilogue add, as the kernels write BF16.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.recipes import PRESETS, AttentionRecipe, get_recipe
+
+from .layout import SegmentLayout, check_qkv, check_query_index
+from .quant import (
+    hadamard_matrix,
+    quantize_channels,
+    round_to_bf16,
+    round_to_e4m3,
+    round_to_mantissa,
+    token_scales,
+)
+from .sparsity import sol_block_map, vsa_block_map
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass
+class AttentionResult:
+    """Every boundary tensor of one recipe run. Shapes: n = len(query_index), Hkv = K/V heads."""
+
+    recipe: AttentionRecipe
+    query_index: torch.Tensor  # [n]
+    q_dq: torch.Tensor  # [B, n, H, D] dequantized Q rows, original coordinates
+    k_dq: torch.Tensor  # [B, S, Hkv, D] dequantized K (+ mu_K), original coordinates
+    v_dq: torch.Tensor  # [B, S, Hkv, D] effective dequantized V (+ mu_V or + v_corr)
+    mu_k: torch.Tensor  # [B, Hkv, D] FP32 token mean of K (zeros when K is not smoothed)
+    mu_v: torch.Tensor  # [B, Hkv, D]
+    v_corr: torch.Tensor  # [B, Hkv, D] vector added to the FP32 output of the quantized rows
+    out: torch.Tensor  # [B, n, H, D] float32 holding BF16 values
+    lse: torch.Tensor  # [B, n, H] natural-log sum of exp(scale * q.k)
+    prefix_rows: torch.Tensor  # [n] bool: rows recomputed in BF16 (dense-prefix replacement)
+    exact_fraction: float = 1.0  # fraction of (query block, key block) pairs computed exactly
+    exact_fraction_per_head: torch.Tensor | None = None  # [H]
+    block_map: torch.Tensor | None = None  # [B, H, n_qblocks, n_kblocks] bool, sparse recipes
+    extras: dict = field(default_factory=dict)
+
+
+def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, S, Hkv, D] -> [B, S, Hkv*group, D] (GQA: query head h reads K/V head h // group)."""
+    return t if group == 1 else t.repeat_interleave(group, dim=2)
+
+
+def _quantize_p(p: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
+    if recipe.p_format == "bf16":
+        return round_to_bf16(p)
+    if recipe.p_scaling == "rowmax448":
+        return round_to_e4m3(p * 448.0) / 448.0
+    return round_to_e4m3(p)
+
+
+def _pv(p: torch.Tensor, v: torch.Tensor, recipe: AttentionRecipe, state: dict) -> torch.Tensor:
+    """P [.., n, c] @ V [.., c, D] with the recipe's accumulator. Returns the fp32 partial sum.
+
+    "reduced": the inner accumulator keeps accum_mantissa_bits bits after every 32-key MMA step
+    (the FP8 wgmma K width) and is flushed into FP32 every accum_flush_keys keys.
+    """
+    if recipe.accumulation == "fp32":
+        return p @ v
+    bits, flush = recipe.accum_mantissa_bits, recipe.accum_flush_keys
+    inner = state.get("inner")
+    if inner is None:
+        inner = torch.zeros(*p.shape[:-1], v.shape[-1], dtype=torch.float32, device=p.device)
+    outer = torch.zeros_like(inner)
+    count = state.get("count", 0)
+    for s in range(0, p.shape[-1], 32):
+        inner = round_to_mantissa(inner + p[..., s : s + 32] @ v[..., s : s + 32, :], bits)
+        count += min(32, p.shape[-1] - s)
+        if count >= flush:
+            outer += inner
+            inner = torch.zeros_like(inner)
+            count = 0
+    state["inner"], state["count"] = inner, count
+    return outer
+
+
+def _attend(
+    qs: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    recipe: AttentionRecipe,
+    scale: float,
+    key_chunk: int,
+    exact_keys: torch.Tensor | None = None,
+    summary: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two-pass softmax attention over key chunks.
+
+    qs: [B, H, n, D] fp32 (already on the operand grid), k, v: [B, H, S, D] fp32.
+    exact_keys: [B, H, n, nkb] bool per key block (None: all exact), block size = recipe.sol_block.
+    summary: (kc [B, H, nkb, D], vc [B, H, nkb, D], blen [nkb]) for the summary route.
+    Returns (out [B, H, n, D] fp32, lse [B, H, n] natural log).
+    """
+    B, H, n, D = qs.shape
+    S = k.shape[2]
+    c = scale * LOG2E
+    blk = recipe.sol_block if recipe.sparsity == "sol" else recipe.vsa_tile
+    if exact_keys is not None:
+        key_chunk = max(blk, key_chunk // blk * blk)
+
+    def key_mask(s0: int, s1: int) -> torch.Tensor | None:
+        if exact_keys is None:
+            return None
+        kb = torch.arange(s0, s1, device=qs.device) // blk
+        return exact_keys[..., kb]  # [B, H, n, chunk]
+
+    # Pass 1: the row max over exact keys and summary scores.
+    m = torch.full((B, H, n), -math.inf, device=qs.device)
+    for s0 in range(0, S, key_chunk):
+        s1 = min(S, s0 + key_chunk)
+        s = (qs @ k[:, :, s0:s1].transpose(-1, -2)) * c
+        mask = key_mask(s0, s1)
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf)
+        m = torch.maximum(m, s.amax(-1))
+    if summary is not None:
+        kc, vc, blen = summary
+        ss = (qs @ kc.transpose(-1, -2)) * c  # [B, H, n, nkb]
+        ss = ss.masked_fill(exact_keys, -math.inf)
+        m = torch.maximum(m, ss.amax(-1))
+
+    # Pass 2: P = 2^(s - m); l sums the FP32 P, PV uses the quantized P.
+    l = torch.zeros((B, H, n), device=qs.device)
+    acc = torch.zeros((B, H, n, D), device=qs.device)
+    state: dict = {}
+    for s0 in range(0, S, key_chunk):
+        s1 = min(S, s0 + key_chunk)
+        s = (qs @ k[:, :, s0:s1].transpose(-1, -2)) * c
+        mask = key_mask(s0, s1)
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf)
+        p = torch.exp2(s - m[..., None])
+        l += p.sum(-1)
+        acc += _pv(_quantize_p(p, recipe), v[:, :, s0:s1], recipe, state)
+    if state.get("inner") is not None:
+        acc += state["inner"]
+    if summary is not None:
+        w = torch.exp2(ss - m[..., None])  # zero where the block is exact
+        acc += w @ vc
+        l += w @ blen.to(w.dtype)
+    out = acc / l[..., None]
+    lse = (m + torch.log2(l)) * LN2
+    return out, lse
+
+
+def recipe_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    recipe: AttentionRecipe | str | None = None,
+    *,
+    query_index=None,
+    layout: SegmentLayout | None = None,
+    step: int | None = None,
+    layer: int | None = None,
+    scale: float | None = None,
+    key_chunk: int = 4096,
+    query_chunk: int = 1024,
+    return_block_map: bool = False,
+) -> AttentionResult:
+    """Run `recipe` on q [B, S, H, D], k/v [B, S, Hkv, D] for the rows in `query_index`.
+
+    layout: segment layout (prefix rows = text + conditioning + audio); default all video.
+    step / layer: apply the recipe's dense policy (BF16 dense where it says so).
+    scale: softmax scale, default 1/sqrt(D).
+    """
+    recipe = get_recipe(recipe).at(step, layer)
+    B, S, H, Hkv, D = check_qkv(q, k, v)
+    if k.shape[1] != S:
+        raise ValueError(f"k: sequence length {k.shape[1]} does not match q's {S} (self-attention)")
+    layout = layout or SegmentLayout.all_video(S)
+    if layout.total != S:
+        raise ValueError(f"layout: segments sum to {layout.total} rows but the sequence has {S}")
+    idx = check_query_index(query_index, S, device=q.device)
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    group = H // Hkv
+    dev = q.device
+
+    qf, kf, vf = q.float(), k.float(), v.float()
+    rot = hadamard_matrix(D, device=dev) if recipe.hadamard else None
+    if rot is not None:
+        qf, kf = qf @ rot, kf @ rot
+
+    zeros = torch.zeros(B, Hkv, D, device=dev)
+    mu_k = kf.mean(dim=1) if recipe.smooth_k else zeros
+    mu_v = vf.mean(dim=1) if recipe.smooth_v else zeros
+    kc = kf - mu_k[:, None]
+    vc = vf - mu_v[:, None]
+
+    # Quantize the operands (Q only on the sampled rows; scales still see their whole block).
+    if recipe.quantizes_qk:
+        qs_scale = token_scales(qf, recipe.qk_format, recipe.qk_granularity, recipe.qk_block)
+        k_op, _ = _quantize_rows(kc, recipe, None)
+        q_rows = _quantize_rows(qf, recipe, idx, qs_scale)[0]
+    else:
+        k_op, q_rows = round_to_bf16(kc), round_to_bf16(qf[:, idx])
+    if recipe.quantizes_v:
+        v_op, _ = quantize_channels(vc, recipe.v_format, recipe.v_granularity)
+    else:
+        v_op = round_to_bf16(vc)
+    v_mean_dq = v_op.mean(dim=1)
+    v_corr = (mu_v - v_mean_dq) if recipe.v_bias_correction else mu_v
+
+    # Sparse routing (block decisions from FP32 operands).
+    block_map = exact = summary = None
+    exact_frac, exact_per_head = 1.0, None
+    qblk = recipe.sol_block if recipe.sparsity == "sol" else recipe.vsa_tile
+    if recipe.sparsity == "sol":
+        block_map, kcent, vsum, blen = sol_block_map(qf, kc, vc, recipe, layout, scale, group)
+    elif recipe.sparsity == "vsa":
+        block_map = vsa_block_map(qf, kf, recipe, layout, scale, group)
+    if block_map is not None:
+        qb = idx // qblk
+        exact = block_map[:, :, qb]  # [B, H, n, nkb]
+        exact_per_head = exact.float().mean(dim=(0, 2, 3)).cpu()
+        exact_frac = float(exact.float().mean())
+        if recipe.sparsity == "sol":
+            summary = (_expand_heads(kcent, group), _expand_heads(vsum, group), blen)
+
+    k_att = _expand_kv(k_op, group).transpose(1, 2)  # [B, H, S, D]
+    v_att = _expand_kv(v_op, group).transpose(1, 2)
+    qs = q_rows.transpose(1, 2)  # [B, H, n, D]
+    outs, lses = [], []
+    for a in range(0, idx.numel(), query_chunk):
+        b = min(idx.numel(), a + query_chunk)
+        ex = exact[:, :, a:b] if exact is not None else None
+        o, lse = _attend(qs[:, :, a:b], k_att, v_att, recipe, scale, key_chunk, ex, summary)
+        outs.append(o)
+        lses.append(lse)
+    out = torch.cat(outs, 2).transpose(1, 2)  # [B, n, H, D]
+    lse = torch.cat(lses, 2).transpose(1, 2)
+    out = round_to_bf16(out + _expand_heads(v_corr, group)[:, None])
+
+    prefix_rows = torch.zeros(idx.numel(), dtype=torch.bool, device=dev)
+    if recipe.dense_prefix and layout.prefix_len:
+        prefix_rows = idx < layout.prefix_len
+        if bool(prefix_rows.any()):
+            pre = recipe_attention(
+                q, k, v, PRESETS["bf16"], query_index=idx[prefix_rows], layout=layout,
+                scale=scale, key_chunk=key_chunk, query_chunk=query_chunk,
+            )
+            out[:, prefix_rows] = pre.out
+            lse[:, prefix_rows] = pre.lse
+
+    if rot is not None:  # report Q and K boundaries in the caller's coordinates
+        q_rows, k_op = q_rows @ rot.T, k_op @ rot.T
+        mu_k_orig = mu_k @ rot.T
+    else:
+        mu_k_orig = mu_k
+    return AttentionResult(
+        recipe=recipe,
+        query_index=idx,
+        q_dq=q_rows,
+        k_dq=k_op + mu_k_orig[:, None],
+        v_dq=v_op + v_corr[:, None],
+        mu_k=mu_k_orig,
+        mu_v=mu_v,
+        v_corr=v_corr,
+        out=out,
+        lse=lse,
+        prefix_rows=prefix_rows,
+        exact_fraction=exact_frac,
+        exact_fraction_per_head=exact_per_head,
+        block_map=block_map if return_block_map else None,
+    )
+
+
+def _expand_heads(t: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, Hkv, ...] -> [B, H, ...] for GQA."""
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def _quantize_rows(x, recipe: AttentionRecipe, rows, scale=None):
+    """Fake-quantize a Q/K operand [B, S, H, D]; only `rows` when given (scales from all rows)."""
+    fmt, gran, blk = recipe.qk_format, recipe.qk_granularity, recipe.qk_block
+    if scale is None:
+        scale = token_scales(x, fmt, gran, blk)
+    S = x.shape[1]
+    if gran == "block":
+        s = scale.repeat_interleave(blk, dim=1)[:, :S, :, None]
+    elif gran == "token":
+        s = scale[..., None]
+    else:
+        s = scale[:, :, :, None]
+    if rows is not None:
+        x = x[:, rows]
+        s = s[:, rows] if s.shape[1] == S else s
+    from .quant import _round_to
+
+    return _round_to(fmt, x / s) * s, scale
+
+
+def dense_attention_f64(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    query_index=None,
+    scale: float | None = None,
+    key_chunk: int = 8192,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 dense attention of the rows `query_index` against the full context.
+
+    q [B, S, H, D], k/v [B, S, Hkv, D] -> (out [B, n, H, D] float64, lse [B, n, H] float64).
+    """
+    B, S, H, Hkv, D = check_qkv(q, k, v)
+    idx = check_query_index(query_index, S, device=q.device)
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    group = H // Hkv
+    qs = q[:, idx].double().transpose(1, 2)
+    kk = _expand_kv(k, group).transpose(1, 2)
+    vv = _expand_kv(v, group).transpose(1, 2)
+    n = idx.numel()
+    m = torch.full((B, H, n), -math.inf, dtype=torch.float64, device=q.device)
+    l = torch.zeros((B, H, n), dtype=torch.float64, device=q.device)
+    acc = torch.zeros((B, H, n, D), dtype=torch.float64, device=q.device)
+    for s0 in range(0, kk.shape[2], key_chunk):
+        s = (qs @ kk[:, :, s0 : s0 + key_chunk].double().transpose(-1, -2)) * scale
+        m_new = torch.maximum(m, s.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(s - m_new[..., None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + p @ vv[:, :, s0 : s0 + key_chunk].double()
+        m = m_new
+    return (acc / l[..., None]).transpose(1, 2), (m + torch.log(l)).transpose(1, 2)

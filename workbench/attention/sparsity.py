@@ -1,0 +1,134 @@
+"""Block routing for sparse recipes: Sol (exact / summary routes) and VSA (top-k tiles).
+
+Both return a boolean block map [B, H, n_qblocks, n_kblocks]: True where the (query block, key
+block) pair is computed exactly. Blocks are contiguous runs of ``sol_block`` / ``vsa_tile`` rows
+starting at row 0; the last block may be partial. VSA's cube tiles (4,4,4) / (4,8,8) are contiguous
+only after the video rows are permuted into tile order: ``tile_order`` gives that permutation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from workbench.recipes import AttentionRecipe
+
+from .layout import SegmentLayout
+
+LOG2E = 1.4426950408889634
+
+
+def block_reduce(x: torch.Tensor, block: int, op: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """x [B, S, H, D] -> ([B, H, nb, D] per-block mean or sum over real rows, lengths [nb])."""
+    B, S, H, D = x.shape
+    nb = math.ceil(S / block)
+    pad = nb * block - S
+    xp = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, pad)) if pad else x.float()
+    sums = xp.view(B, nb, block, H, D).sum(dim=2).transpose(1, 2)  # [B, H, nb, D]
+    lens = torch.full((nb,), float(block), device=x.device)
+    lens[-1] = S - (nb - 1) * block
+    if op == "sum":
+        return sums, lens
+    return sums / lens[:, None], lens
+
+
+def _expand(t: torch.Tensor, group: int) -> torch.Tensor:
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def sol_threshold(
+    qbar: torch.Tensor, kcent: torch.Tensor, tau: float, mode: str, c: float
+) -> torch.Tensor:
+    """theta_i = mu + tau * sigma per query block. qbar [B, H, nq, D], kcent [B, H, nk, D]."""
+    kmean = kcent.mean(dim=2)  # [B, H, D]
+    mu = (qbar * kmean[:, :, None]).sum(-1) * c
+    if math.isinf(tau):
+        return torch.full_like(mu, tau)
+    dev = kcent - kmean[:, :, None]
+    if mode == "exact":
+        cov = dev.transpose(-1, -2) @ dev / kcent.shape[2]  # [B, H, D, D]
+        var = ((qbar @ cov) * qbar).sum(-1)
+    else:
+        var = (qbar**2 * (dev**2).mean(dim=2)[:, :, None]).sum(-1)
+    sigma = var.clamp(min=0).sqrt() * c
+    return mu + tau * sigma
+
+
+def sol_block_map(
+    q: torch.Tensor,
+    k_smoothed: torch.Tensor,
+    v_smoothed: torch.Tensor,
+    recipe: AttentionRecipe,
+    layout: SegmentLayout,
+    scale: float,
+    group: int = 1,
+):
+    """Sol routing. q [B, S, H, D]; k/v (after smoothing) [B, S, Hkv, D], FP32.
+
+    Pair (i, j) is exact if qbar_i . kc_j * c > theta_i, or |i - j| <= band, or key block j holds
+    prefix rows (the sink). Returns (block_map [B, H, nq, nk], kc [B, Hkv, nk, D] block means of K,
+    vc [B, Hkv, nk, D] block sums of V, block lengths [nk]).
+    """
+    blk = recipe.sol_block
+    c = scale * LOG2E
+    qbar, _ = block_reduce(q, blk, "mean")
+    kcent, lens = block_reduce(k_smoothed, blk, "mean")
+    vsum, _ = block_reduce(v_smoothed, blk, "sum")
+    kc_h = _expand(kcent, group)
+    scores = (qbar @ kc_h.transpose(-1, -2)) * c  # [B, H, nq, nk]
+    theta = sol_threshold(qbar, kc_h, recipe.sol_tau, recipe.sol_threshold, c)
+    exact = scores > theta[..., None]
+    nq, nk = scores.shape[-2:]
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    exact |= (i - j).abs() <= recipe.sol_band
+    sink = j * blk < layout.prefix_len
+    exact |= sink
+    return exact, kcent, vsum, lens
+
+
+def vsa_block_map(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    recipe: AttentionRecipe,
+    layout: SegmentLayout,
+    scale: float,
+    group: int = 1,
+) -> torch.Tensor:
+    """VSA tile selection: coarse scores qbar . kbar * scale; keep ceil(keep * n) key tiles.
+
+    "exempt": every tile holding prefix rows is kept, and the top ceil(keep * n_video_tiles) video
+    tiles; "compete": the top ceil(keep * n_tiles) of all tiles. Returns [B, H, nq, nk] bool.
+    """
+    T = recipe.vsa_tile
+    qbar, _ = block_reduce(q, T, "mean")
+    kbar, _ = block_reduce(k, T, "mean")
+    scores = (qbar @ _expand(kbar, group).transpose(-1, -2)) * scale
+    nk = scores.shape[-1]
+    prefix = torch.arange(nk, device=q.device) * T < layout.prefix_len
+    if recipe.vsa_prefix == "exempt" and bool(prefix.any()):
+        n_video = int((~prefix).sum())
+        keep = math.ceil(recipe.vsa_keep * n_video)
+        scores = scores.masked_fill(prefix, -math.inf)
+    else:
+        keep = math.ceil(recipe.vsa_keep * nk)
+    keep = max(1, min(keep, nk))
+    top = scores.topk(keep, dim=-1).indices
+    mask = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
+    if recipe.vsa_prefix == "exempt":
+        mask |= prefix
+    return mask
+
+
+def tile_order(frames: int, height: int, width: int, tile=(4, 4, 4)) -> torch.Tensor:
+    """Permutation of raster-ordered video rows (t, h, w) into contiguous VSA cube tiles.
+
+    Dimensions must be divisible by the tile. Apply as ``video_rows[:, perm]``.
+    """
+    tt, th, tw = tile
+    if frames % tt or height % th or width % tw:
+        raise ValueError(f"video grid {(frames, height, width)} is not divisible by tile {tile}")
+    idx = torch.arange(frames * height * width).view(frames, height, width)
+    idx = idx.view(frames // tt, tt, height // th, th, width // tw, tw)
+    return idx.permute(0, 2, 4, 1, 3, 5).reshape(-1)

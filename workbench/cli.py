@@ -1,0 +1,45 @@
+"""The ``workbench`` command. Each subcommand lives next to its stage and registers itself here.
+
+A subcommand module defines ``register(subparsers)`` that adds one parser (with a one-line
+``help``) and sets ``func`` to a callable taking the parsed args and returning an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# One module per subcommand group, in the order `workbench --help` lists them.
+SUBCOMMAND_MODULES = [
+    "workbench.report.cli",  # table, recipes
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="workbench",
+        description="Attention research workbench: FP8 and sparse attention on MiniMax-H3.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in SUBCOMMAND_MODULES:
+        importlib.import_module(mod).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        # Bad input: one clear line naming the problem, no traceback.
+        print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,353 @@
+"""AttentionRecipe: one frozen description of an attention variant, with named presets.
+
+A recipe fully states the numerics of a variant: operand formats and scale granularity, smoothing,
+V-bias correction, Hadamard rotation, accumulation, sparsity and the dense policy. It round-trips to
+JSON (stored in capture attributes) and to a compact CLI string::
+
+    fp8_sol_kv_corrected                     # a preset
+    fp8_sol_kv_corrected:sol_tau=0.5         # a preset with overrides
+    {"qk_format": "fp8_e4m3", ...}           # full JSON
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+QK_FORMATS = ("bf16", "fp8_e4m3", "int8")
+QK_GRANULARITIES = ("block", "token", "tensor")
+V_FORMATS = ("bf16", "fp8_e4m3")
+V_GRANULARITIES = ("channel", "tensor")
+P_FORMATS = ("bf16", "fp8_e4m3")
+# "unit": P = 2^(s - m) lies in [0, 1] and is cast to E4M3 as is (FP8 Sol).
+# "rowmax448": P is multiplied by 448 before the cast so the row max uses E4M3's whole range.
+P_SCALINGS = ("unit", "rowmax448")
+SMOOTHINGS = ("none", "k", "kv")
+ACCUMULATIONS = ("fp32", "reduced")
+SPARSITIES = ("dense", "sol", "vsa")
+SOL_THRESHOLDS = ("exact", "diag")
+VSA_PREFIX_MODES = ("exempt", "compete")
+
+
+class RecipeError(ValueError):
+    """An invalid recipe: the message names the field and the reason."""
+
+
+@dataclass(frozen=True)
+class AttentionRecipe:
+    """The numerics of one attention variant.
+
+    Shapes are not part of a recipe: the same recipe applies to any [B, S, H, D] input.
+    """
+
+    name: str = "custom"
+    # Q and K operands of QK^T.
+    qk_format: str = "fp8_e4m3"
+    qk_granularity: str = "block"  # one scale per (batch, qk_block tokens, head)
+    qk_block: int = 64
+    # V operand of PV.
+    v_format: str = "fp8_e4m3"
+    v_granularity: str = "channel"  # one scale per (batch, head, channel)
+    # P operand of PV.
+    p_format: str = "fp8_e4m3"
+    p_scaling: str = "unit"
+    # Smoothing: subtract the FP32 token mean before quantizing K ("k") or K and V ("kv").
+    smoothing: str = "kv"
+    v_bias_correction: bool = True
+    # FA3-style incoherent processing: orthonormal Hadamard on the head dim of Q and K.
+    hadamard: bool = False
+    # "reduced" emulates a tensor-core accumulator with accum_mantissa_bits bits of mantissa,
+    # flushed into an FP32 buffer every accum_flush_keys keys (PV product only).
+    accumulation: str = "fp32"
+    accum_mantissa_bits: int = 13
+    accum_flush_keys: int = 128
+    # Sparsity.
+    sparsity: str = "dense"
+    sol_tau: float = 1.0
+    sol_threshold: str = "exact"
+    sol_block: int = 64
+    sol_band: int = 1  # |i - j| <= band is always exact
+    vsa_tile: int = 64
+    vsa_keep: float = 0.25
+    vsa_prefix: str = "exempt"
+    # Dense policy: steps < dense_steps or layers < dense_layers run BF16 dense attention, and the
+    # prefix query rows (everything before the generated video rows) are recomputed in BF16.
+    dense_steps: int = 0
+    dense_layers: int = 0
+    dense_prefix: bool = False
+    notes: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    # -- derived properties -------------------------------------------------------------------
+    @property
+    def quantizes_qk(self) -> bool:
+        return self.qk_format != "bf16"
+
+    @property
+    def quantizes_v(self) -> bool:
+        return self.v_format != "bf16"
+
+    @property
+    def smooth_k(self) -> bool:
+        return self.smoothing in ("k", "kv")
+
+    @property
+    def smooth_v(self) -> bool:
+        return self.smoothing == "kv"
+
+    def is_dense_at(self, step: int | None, layer: int | None) -> bool:
+        """True when the dense policy says this (step, layer) runs BF16 dense attention."""
+        return (step is not None and step < self.dense_steps) or (
+            layer is not None and layer < self.dense_layers
+        )
+
+    def at(self, step: int | None = None, layer: int | None = None) -> AttentionRecipe:
+        """The recipe that actually runs at (step, layer): BF16 dense where the policy says so."""
+        if self.is_dense_at(step, layer):
+            return replace(PRESETS["bf16"], name=f"{self.name}@dense_policy")
+        return self
+
+    def with_(self, **overrides: Any) -> AttentionRecipe:
+        return replace(self, **overrides)
+
+    # -- serialization ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AttentionRecipe:
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise RecipeError(f"recipe: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**{k: _coerce(known[k], v) for k, v in data.items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> AttentionRecipe:
+        return cls.from_dict(json.loads(text))
+
+    def to_string(self) -> str:
+        """Compact form: the preset name plus the fields that differ from it."""
+        base = PRESETS.get(self.name)
+        if base is None:
+            return self.to_json()
+        diffs = [
+            f"{f.name}={_fmt(getattr(self, f.name))}"
+            for f in fields(self)
+            if f.compare and f.name != "name" and getattr(self, f.name) != getattr(base, f.name)
+        ]
+        return self.name if not diffs else f"{self.name}:{','.join(diffs)}"
+
+    def describe(self) -> str:
+        qk = self.qk_format if not self.quantizes_qk else f"{self.qk_format}/{self.qk_granularity}"
+        v = self.v_format if not self.quantizes_v else f"{self.v_format}/{self.v_granularity}"
+        parts = [f"QK {qk}", f"V {v}", f"P {self.p_format}", f"smooth {self.smoothing}"]
+        if self.v_bias_correction:
+            parts.append("V-bias corr")
+        if self.hadamard:
+            parts.append("hadamard")
+        if self.sparsity == "sol":
+            parts.append(f"sol tau={self.sol_tau} {self.sol_threshold}")
+        elif self.sparsity == "vsa":
+            parts.append(f"vsa tile={self.vsa_tile} keep={self.vsa_keep} {self.vsa_prefix}")
+        if self.dense_prefix:
+            parts.append("bf16 prefix rows")
+        if self.dense_steps or self.dense_layers:
+            parts.append(f"dense steps<{self.dense_steps} layers<{self.dense_layers}")
+        return ", ".join(parts)
+
+
+def _fmt(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """Turn CLI strings into the field's type; reject what does not fit, naming the field."""
+    typ = f.type if isinstance(f.type, str) else f.type.__name__
+    if not isinstance(value, str) or typ == "str":
+        if typ == "bool" and not isinstance(value, bool):
+            raise RecipeError(f"recipe field {f.name!r}: expected a bool, got {value!r}")
+        if typ == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise RecipeError(f"recipe field {f.name!r}: expected an int, got {value!r}")
+        if typ == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise RecipeError(f"recipe field {f.name!r}: expected a number, got {value!r}")
+        if typ == "float":
+            return float(value)
+        if typ == "str" and not isinstance(value, str):
+            raise RecipeError(f"recipe field {f.name!r}: expected a string, got {value!r}")
+        return value
+    try:
+        if typ == "bool":
+            low = value.strip().lower()
+            if low in ("true", "1", "yes", "on"):
+                return True
+            if low in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(value)
+        if typ == "int":
+            return int(value)
+        if typ == "float":
+            return float(value)
+    except ValueError:
+        raise RecipeError(f"recipe field {f.name!r}: cannot read {value!r} as {typ}") from None
+    return value
+
+
+def _choice(recipe: AttentionRecipe, name: str, allowed: tuple[str, ...]) -> None:
+    value = getattr(recipe, name)
+    if value not in allowed:
+        raise RecipeError(f"recipe field {name!r}: unknown value {value!r}; choose one of {allowed}")
+
+
+def validate(r: AttentionRecipe) -> None:
+    """Raise RecipeError naming the field and why, for unknown values and invalid combinations."""
+    _choice(r, "qk_format", QK_FORMATS)
+    _choice(r, "qk_granularity", QK_GRANULARITIES)
+    _choice(r, "v_format", V_FORMATS)
+    _choice(r, "v_granularity", V_GRANULARITIES)
+    _choice(r, "p_format", P_FORMATS)
+    _choice(r, "p_scaling", P_SCALINGS)
+    _choice(r, "smoothing", SMOOTHINGS)
+    _choice(r, "accumulation", ACCUMULATIONS)
+    _choice(r, "sparsity", SPARSITIES)
+    _choice(r, "sol_threshold", SOL_THRESHOLDS)
+    _choice(r, "vsa_prefix", VSA_PREFIX_MODES)
+    if r.v_bias_correction and r.smoothing != "kv":
+        raise RecipeError(
+            "recipe field 'v_bias_correction': the correction restores the mean of the smoothed V, "
+            f"so it needs smoothing='kv' (got smoothing={r.smoothing!r})"
+        )
+    if r.v_bias_correction and not r.quantizes_v:
+        raise RecipeError(
+            "recipe field 'v_bias_correction': V is not quantized (v_format='bf16'), "
+            "there is no quantization bias to correct"
+        )
+    if r.p_scaling == "rowmax448" and r.p_format != "fp8_e4m3":
+        raise RecipeError("recipe field 'p_scaling': 'rowmax448' only applies to p_format='fp8_e4m3'")
+    for name, lo in (("qk_block", 1), ("sol_block", 1), ("vsa_tile", 1), ("accum_flush_keys", 1)):
+        if getattr(r, name) < lo:
+            raise RecipeError(f"recipe field {name!r}: must be >= {lo}, got {getattr(r, name)}")
+    if not 1 <= r.accum_mantissa_bits <= 23:
+        raise RecipeError(
+            f"recipe field 'accum_mantissa_bits': must be in 1..23, got {r.accum_mantissa_bits}"
+        )
+    if r.sol_band < 0:
+        raise RecipeError(f"recipe field 'sol_band': must be >= 0, got {r.sol_band}")
+    if not 0.0 < r.vsa_keep <= 1.0:
+        raise RecipeError(f"recipe field 'vsa_keep': must be in (0, 1], got {r.vsa_keep}")
+    if r.dense_steps < 0 or r.dense_layers < 0:
+        raise RecipeError("recipe fields 'dense_steps'/'dense_layers': must be >= 0")
+    if r.sol_tau != r.sol_tau:  # NaN
+        raise RecipeError("recipe field 'sol_tau': NaN is not a threshold")
+
+
+_BF16 = dict(
+    qk_format="bf16", v_format="bf16", p_format="bf16", smoothing="none", v_bias_correction=False
+)
+_FP8_SOL = dict(sparsity="sol", dense_prefix=True, dense_steps=10, dense_layers=2)
+
+PRESETS: dict[str, AttentionRecipe] = {
+    r.name: r
+    for r in [
+        AttentionRecipe(name="bf16", **_BF16, notes="BF16 dense attention, the baseline."),
+        AttentionRecipe(
+            name="fp8_dense",
+            smoothing="none",
+            v_bias_correction=False,
+            notes="FP8 E4M3 QK (64-token block scales) and PV (V channel scales), no smoothing.",
+        ),
+        AttentionRecipe(
+            name="fp8_dense_k",
+            smoothing="k",
+            v_bias_correction=False,
+            notes="fp8_dense with K smoothing (quantize K - mu_K).",
+        ),
+        AttentionRecipe(
+            name="fp8_dense_kv_corrected",
+            notes="fp8_dense with K and V smoothing and the V-bias correction.",
+        ),
+        AttentionRecipe(
+            name="fp8_sol_unsmoothed",
+            smoothing="none",
+            v_bias_correction=False,
+            **_FP8_SOL,
+            notes="FP8 Sol attention as first shipped: no smoothing, BF16 prefix rows.",
+        ),
+        AttentionRecipe(
+            name="fp8_sol_k", smoothing="k", v_bias_correction=False, **_FP8_SOL,
+            notes="FP8 Sol attention with K smoothing.",
+        ),
+        AttentionRecipe(
+            name="fp8_sol_kv_corrected",
+            **_FP8_SOL,
+            notes="The seed PR: FP8 Sol with K/V smoothing, V-bias correction, BF16 prefix rows.",
+        ),
+        AttentionRecipe(
+            name="int8_qk_fp8_pv",
+            qk_format="int8",
+            smoothing="k",
+            v_bias_correction=False,
+            notes="SageAttention2-style peer: INT8 QK with K smoothing, FP8 PV.",
+        ),
+        AttentionRecipe(
+            name="fp8_hadamard",
+            smoothing="none",
+            v_bias_correction=False,
+            hadamard=True,
+            notes="FlashAttention-3-style incoherent processing: Hadamard on Q and K, then FP8.",
+        ),
+        AttentionRecipe(
+            name="vsa_bf16",
+            **_BF16,
+            sparsity="vsa",
+            vsa_tile=64,
+            vsa_keep=0.25,
+            vsa_prefix="exempt",
+            notes="VSA block-sparse attention in BF16: keep 25% of video tiles, prefix exempt.",
+        ),
+    ]
+}
+
+DEFAULT_RECIPE = "fp8_sol_kv_corrected"
+
+
+def get_recipe(spec: str | AttentionRecipe | dict | None = None) -> AttentionRecipe:
+    """Parse a recipe from a preset name, 'preset:field=value,...', JSON text, or a dict."""
+    if spec is None:
+        return PRESETS[DEFAULT_RECIPE]
+    if isinstance(spec, AttentionRecipe):
+        return spec
+    if isinstance(spec, dict):
+        return AttentionRecipe.from_dict(spec)
+    if not isinstance(spec, str):
+        raise RecipeError(f"recipe: expected a name, string or dict, got {type(spec).__name__}")
+    text = spec.strip()
+    if text.startswith("{"):
+        try:
+            return AttentionRecipe.from_json(text)
+        except json.JSONDecodeError as exc:
+            raise RecipeError(f"recipe: invalid JSON ({exc})") from None
+    name, _, rest = text.partition(":")
+    if name not in PRESETS:
+        raise RecipeError(f"recipe: unknown preset {name!r}; presets: {sorted(PRESETS)}")
+    base = PRESETS[name]
+    if not rest:
+        return base
+    known = {f.name: f for f in fields(AttentionRecipe)}
+    overrides: dict[str, Any] = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq:
+            raise RecipeError(f"recipe {text!r}: override {item!r} is not of the form field=value")
+        if key not in known or key == "name":
+            raise RecipeError(f"recipe {text!r}: unknown field {key!r}")
+        overrides[key] = _coerce(known[key], value.strip())
+    return replace(base, **overrides)
