@@ -5,8 +5,9 @@ values that lie exactly on the target grid, so that the reference path is a fait
 emulation of the kernels.
 
 E4M3 (``torch.float8_e4m3fn``): 4 exponent bits (bias 7), 3 mantissa bits, max 448, no infinities,
-subnormal spacing 2^-9, round to nearest even. ``round_to_e4m3`` does that rounding with explicit
-arithmetic; it is bit-identical to ``x.clamp(-448, 448).to(torch.float8_e4m3fn)`` (tested) and is the
+subnormal spacing 2^-9, round to nearest even. ``round_to_e4m3_explicit`` does that rounding with
+explicit arithmetic; it is bit-identical to ``x.clamp(-448, 448).to(torch.float8_e4m3fn)``
+(tested) and is the
 formula the Triton kernels use too, because Triton's interpreter mis-rounds ``x.to(tl.float8e4nv)``.
 """
 
@@ -25,7 +26,16 @@ FORMAT_MAX = {"fp8_e4m3": E4M3_MAX, "int8": INT8_MAX}
 
 
 def round_to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Round float32 values onto the E4M3 grid (saturating at +-448, round half to even).
+    """Round onto the E4M3 grid (saturating at +-448, round half to even); float32 result.
+
+    Uses torch's float8_e4m3fn cast after a clamp (fast); ``round_to_e4m3_explicit`` is the same
+    rounding in plain arithmetic, and the two are tested bit-identical.
+    """
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+
+
+def round_to_e4m3_explicit(x: torch.Tensor) -> torch.Tensor:
+    """round_to_e4m3 with explicit arithmetic: the formula the Triton kernels implement.
 
     Works for any shape. NaN stays NaN. The result is float32 and casts to float8_e4m3fn exactly.
     """

@@ -1,0 +1,241 @@
+"""The seed PR's "Smooth Attention Kernel Accuracy" table for any two recipes.
+
+Defaults match the seed: heads 0-3, 64 evenly spaced query rows, the full K/V context, float64
+dense reference. Rows: quanted K, dequanted V, dequanted V's mean, attention output (against
+dense); columns A MSE | B MSE | Benefit; then cosine, relative L2 and SQNR of the output. The
+output benefit carries a paired bootstrap interval over the sampled rows, because a few dozen rows
+can flip the sign of a small benefit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from workbench.attention import (
+    SegmentLayout,
+    dense_attention_f64,
+    evenly_spaced_rows,
+    recipe_attention,
+    select_heads,
+)
+from workbench.metrics import (
+    BOUNDARY_LABELS,
+    benefit_pct,
+    bootstrap_benefit,
+    boundary_metrics,
+    token_mean_drift,
+)
+from workbench.recipes import AttentionRecipe, get_recipe
+
+TABLE_ROWS = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
+
+
+@dataclass
+class AccuracyTable:
+    recipe_a: AttentionRecipe
+    recipe_b: AttentionRecipe
+    source: str
+    heads: list[int]
+    query_rows: list[int]
+    seq_len: int
+    rows: list[dict]  # boundary, label, mse_a, mse_b, benefit_pct
+    output: dict  # {metric: {"a": x, "b": y}}
+    output_benefit_ci: tuple[float, float]
+    exact_fraction: dict
+    drift: dict
+    per_head: dict  # {"a"|"b": {boundary: {metric: [..]}}}
+    seconds: float = 0.0
+    extras: dict = field(default_factory=dict)
+
+    def row(self, boundary: str) -> dict:
+        return next(r for r in self.rows if r["boundary"] == boundary)
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "recipe_a": {"name": self.recipe_a.name, "spec": self.recipe_a.to_string(),
+                         "json": self.recipe_a.to_dict()},
+            "recipe_b": {"name": self.recipe_b.name, "spec": self.recipe_b.to_string(),
+                         "json": self.recipe_b.to_dict()},
+            "heads": self.heads,
+            "query_rows": self.query_rows,
+            "seq_len": self.seq_len,
+            "reference": "float64 dense attention over the full K/V context",
+            "boundaries": {r["boundary"]: r for r in self.rows},
+            "output": self.output,
+            "output_benefit_ci95": list(self.output_benefit_ci),
+            "exact_fraction": self.exact_fraction,
+            "token_mean_drift": self.drift,
+            "per_head": self.per_head,
+            "seconds": self.seconds,
+            **self.extras,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(_finite(self.to_dict()), indent=2)
+
+    def to_markdown(self) -> str:
+        a, b = self.recipe_a, self.recipe_b
+        heads = _ranges(self.heads)
+        lines = [
+            "### Smooth Attention Kernel Accuracy",
+            "",
+            f"Input: {self.source}. Heads {heads}, {len(self.query_rows)} evenly spaced query "
+            f"positions, full K/V context ({self.seq_len:,} keys), float64 dense reference.",
+            "",
+            f"- A = `{a.to_string()}`: {a.describe()}",
+            f"- B = `{b.to_string()}`: {b.describe()}",
+            "",
+            f"| Boundary | {a.name} MSE | {b.name} MSE | Benefit |",
+            "|---|---|---|---|",
+        ]
+        for r in self.rows:
+            ben = _fmt_benefit(r["benefit_pct"])
+            if r["boundary"] == "attention_output":
+                lo, hi = self.output_benefit_ci
+                ben += f" (95% CI {lo:.2f}% to {hi:.2f}%)"
+            lines.append(f"| {r['label']} | {_e(r['mse_a'])} | {_e(r['mse_b'])} | {ben} |")
+        o = self.output
+        lines += [
+            "",
+            f"| Attention output | {a.name} | {b.name} |",
+            "|---|---|---|",
+            f"| cosine | {o['cosine']['a']:.6f} | {o['cosine']['b']:.6f} |",
+            f"| relative L2 | {o['rel_l2']['a']:.5f} | {o['rel_l2']['b']:.5f} |",
+            f"| SQNR (dB) | {o['sqnr_db']['a']:.2f} | {o['sqnr_db']['b']:.2f} |",
+            f"| max abs error | {_e(o['max_abs']['a'])} | {_e(o['max_abs']['b'])} |",
+            f"| exact-route block fraction | {self.exact_fraction['a']:.4f} | "
+            f"{self.exact_fraction['b']:.4f} |",
+        ]
+        d = self.drift
+        lines += [
+            "",
+            "| Token-mean drift (mean abs, per channel) | "
+            f"{a.name} | {b.name} |",
+            "|---|---|---|",
+            f"| K, rotated channels 0-{d['rotated'] - 1} | {_e(d['k_rot']['a'])} | "
+            f"{_e(d['k_rot']['b'])} |",
+            f"| K, pass-through channels {d['rotated']}+ | {_e(d['k_pass']['a'])} | "
+            f"{_e(d['k_pass']['b'])} |",
+            f"| V, rotated channels | {_e(d['v_rot']['a'])} | {_e(d['v_rot']['b'])} |",
+            f"| V, pass-through channels | {_e(d['v_pass']['a'])} | {_e(d['v_pass']['b'])} |",
+        ]
+        ph_a = self.per_head["a"]["attention_output"]["mse"]
+        ph_b = self.per_head["b"]["attention_output"]["mse"]
+        lines += ["", "| Head | " + " | ".join(str(h) for h in self.heads) + " |",
+                  "|---|" + "---|" * len(self.heads)]
+        lines.append(f"| output MSE {a.name} | " + " | ".join(_e(x) for x in ph_a) + " |")
+        lines.append(f"| output MSE {b.name} | " + " | ".join(_e(x) for x in ph_b) + " |")
+        lines.append(
+            "| benefit | " + " | ".join(_fmt_benefit(benefit_pct(x, y)) for x, y in
+                                        zip(ph_a, ph_b)) + " |"
+        )
+        return "\n".join(lines) + "\n"
+
+
+def _finite(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _e(x: float) -> str:
+    return f"{x:.3e}"
+
+
+def _fmt_benefit(b: float) -> str:
+    if b > 99.99999:
+        return ">99.99999%"
+    return f"{b:.2f}%"
+
+
+def _ranges(h: list[int]) -> str:
+    if h and h == list(range(h[0], h[-1] + 1)) and len(h) > 2:
+        return f"{h[0]}-{h[-1]}"
+    return ",".join(map(str, h))
+
+
+def accuracy_table(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    recipe_a: AttentionRecipe | str = "fp8_sol_unsmoothed",
+    recipe_b: AttentionRecipe | str = "fp8_sol_kv_corrected",
+    *,
+    layout: SegmentLayout | None = None,
+    heads: list[int] | None = None,
+    head_labels: list[int] | None = None,
+    n_queries: int = 64,
+    query_index=None,
+    rotated: int = 96,
+    source: str = "",
+    step: int | None = None,
+    layer: int | None = None,
+) -> AccuracyTable:
+    """Build the table. q [B, S, H, D], k/v [B, S, Hkv, D]; `heads` selects query heads.
+
+    step/layer are passed to the recipes (their dense policy applies) only when given.
+    """
+    t0 = time.perf_counter()
+    a, b = get_recipe(recipe_a), get_recipe(recipe_b)
+    q, k, v = select_heads(q, k, v, heads)
+    labels = head_labels or (list(heads) if heads is not None else list(range(q.shape[2])))
+    S = q.shape[1]
+    idx = evenly_spaced_rows(S, n_queries) if query_index is None else query_index
+    ref, _ = dense_attention_f64(q, k, v, query_index=idx)
+    results, mets = {}, {}
+    for tag, r in (("a", a), ("b", b)):
+        results[tag] = recipe_attention(q, k, v, r, query_index=idx, layout=layout,
+                                        step=step, layer=layer)
+        mets[tag] = boundary_metrics(results[tag], q, k, v, ref)
+    rows = []
+    for bd in TABLE_ROWS:
+        ma, mb = mets["a"].overall[bd]["mse"], mets["b"].overall[bd]["mse"]
+        rows.append({"boundary": bd, "label": BOUNDARY_LABELS[bd], "mse_a": ma, "mse_b": mb,
+                     "benefit_pct": benefit_pct(ma, mb)})
+    output = {
+        m: {"a": mets["a"].overall["attention_output"][m],
+            "b": mets["b"].overall["attention_output"][m]}
+        for m in ("mse", "cosine", "rel_l2", "sqnr_db", "max_abs")
+    }
+    ci = bootstrap_benefit(mets["a"].row_sq_err, mets["b"].row_sq_err)
+    drift: dict = {"rotated": rotated}
+    for name, src, tens in (("k", k, "k_dq"), ("v", v, "v_dq")):
+        da = token_mean_drift(getattr(results["a"], tens), src, rotated)
+        db = token_mean_drift(getattr(results["b"], tens), src, rotated)
+        drift[f"{name}_rot"] = {"a": da["rotated"], "b": db["rotated"]}
+        drift[f"{name}_pass"] = {"a": da["passthrough"], "b": db["passthrough"]}
+    return AccuracyTable(
+        recipe_a=results["a"].recipe,
+        recipe_b=results["b"].recipe,
+        source=source or "q/k/v tensors",
+        heads=labels,
+        query_rows=[int(i) for i in torch.as_tensor(idx).tolist()],
+        seq_len=S,
+        rows=rows,
+        output=output,
+        output_benefit_ci=ci,
+        exact_fraction={"a": results["a"].exact_fraction, "b": results["b"].exact_fraction},
+        drift=drift,
+        per_head={"a": mets["a"].heads, "b": mets["b"].heads},
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def write_table(table: AccuracyTable, md_path: Path | None, json_path: Path | None) -> None:
+    if md_path:
+        Path(md_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(md_path).write_text(table.to_markdown())
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(table.to_json())

@@ -1,0 +1,130 @@
+"""`workbench table`, `workbench recipes` and `workbench demo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from workbench.recipes import PRESETS, get_recipe
+
+
+def _int_list(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            out.extend(range(int(lo), int(hi) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def load_table_input(args) -> dict:
+    """q, k, v, layout, source string and head labels from --synthetic or --store."""
+    heads = _int_list(args.heads)
+    if args.store:
+        from workbench.capture import open_capture
+
+        if args.step is None or args.layer is None:
+            raise ValueError("--store needs --step and --layer (see `workbench inspect STORE`)")
+        cap = open_capture(args.store)
+        q, k, v = cap.qkv(args.step, args.layer, heads=heads, device=args.device)
+        rotated = int(cap.attrs.get("rotated_channels", 96)) if hasattr(cap, "attrs") else 96
+        return dict(q=q, k=k, v=v, layout=cap.layout, heads=None, head_labels=heads,
+                    rotated=rotated,
+                    source=f"capture store `{args.store}`, step {args.step}, layer {args.layer}")
+    from workbench.synthetic import H3_SYNTHETIC, small_config, synthetic_qkv
+    from dataclasses import replace
+
+    if args.synthetic == "h3":
+        cfg = H3_SYNTHETIC
+    elif args.synthetic == "small":
+        cfg = small_config(seq_len=2048, heads=max(heads) + 1)
+    else:
+        raise ValueError(f"--synthetic: unknown input {args.synthetic!r}; choose h3 or small")
+    cfg = replace(cfg, seed=args.seed, drift=args.drift)
+    q, k, v = synthetic_qkv(cfg, heads=heads, device=args.device)
+    shape = (cfg.batch, cfg.seq_len, cfg.heads, cfg.head_dim)
+    return dict(q=q, k=k, v=v, layout=cfg.layout, heads=None, head_labels=heads,
+                rotated=cfg.rotated,
+                source=f"synthetic H3-like input `--synthetic {args.synthetic}` (seed {args.seed}, "
+                       f"shape {shape}, drift {args.drift}; not H3 activations)")
+
+
+def cmd_table(args) -> int:
+    from workbench.report.accuracy_table import accuracy_table, write_table
+
+    t0 = time.perf_counter()
+    inp = load_table_input(args)
+    table = accuracy_table(
+        inp["q"], inp["k"], inp["v"], get_recipe(args.a), get_recipe(args.b),
+        layout=inp["layout"], heads=inp["heads"], head_labels=inp["head_labels"],
+        n_queries=args.queries, rotated=inp["rotated"], source=inp["source"],
+    )
+    table.extras["wall_seconds_including_input"] = time.perf_counter() - t0
+    print(table.to_markdown())
+    write_table(table, Path(args.md) if args.md else None, Path(args.json) if args.json else None)
+    if args.json:
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def cmd_recipes(args) -> int:
+    if args.show:
+        print(json.dumps(get_recipe(args.show).to_dict(), indent=2))
+        return 0
+    width = max(len(n) for n in PRESETS)
+    for name, r in PRESETS.items():
+        print(f"{name:<{width}}  {r.describe()}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """The main job on the embedded default: writes everything under --out."""
+    from workbench.report.demo import run_demo
+
+    return run_demo(Path(args.out), quick=args.quick)
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--synthetic", default=None, help="synthetic input: h3 (live shape) or small")
+    src.add_argument("--store", default=None, help="capture store (zarr) to read an entry from")
+    p.add_argument("--step", type=int, default=None, help="step index of the store entry")
+    p.add_argument("--layer", type=int, default=None, help="layer index of the store entry")
+    p.add_argument("--heads", default="0-3", help="query heads, e.g. 0-3 or 0,5,9 (default 0-3)")
+    p.add_argument("--queries", type=int, default=64, help="evenly spaced query rows (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic seed (default 0)")
+    p.add_argument("--drift", type=float, default=0.0, help="synthetic mean drift amplitude")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("table", help="the seed's kernel-accuracy table for two recipes")
+    _add_input_args(p)
+    p.add_argument("--a", default="fp8_sol_unsmoothed", help="recipe A (baseline)")
+    p.add_argument("--b", default="fp8_sol_kv_corrected", help="recipe B (candidate)")
+    p.add_argument("--json", default=None, help="write the table as JSON here")
+    p.add_argument("--md", default=None, help="write the markdown table here")
+    p.set_defaults(func=_table_entry)
+
+    p = sub.add_parser("recipes", help="list the named recipe presets (or --show one as JSON)")
+    p.add_argument("--show", default=None, help="print one recipe spec as JSON")
+    p.set_defaults(func=cmd_recipes)
+
+    p = sub.add_parser("demo", help="run the main job on the embedded default into reports/demo")
+    p.add_argument("--out", default="reports/demo", help="output folder (default reports/demo)")
+    p.add_argument("--quick", action="store_true", help="smaller synthetic input (for tests)")
+    p.set_defaults(func=cmd_demo)
+
+
+def _table_entry(args) -> int:
+    if not args.store and not args.synthetic:
+        args.synthetic = "h3"
+    return cmd_table(args)
