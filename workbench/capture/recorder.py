@@ -1,0 +1,317 @@
+"""``capture(model, path, ...)``: record live attention q/k/v into a crash-safe zarr v3 store.
+
+Built on ``AttentionInterceptor``: the handler copies the tensors that enter attention into host
+memory and returns None, so the model computes exactly what it computes without capture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import zarr
+
+from workbench.attention import SegmentLayout
+
+from .intercept import AttentionCall, AttentionInterceptor, is_h3_model
+from .schema import (
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    STATUS_COMPLETE,
+    CaptureStoreError,
+    check_schema,
+    dtype_name,
+    entry_path,
+    library_versions,
+)
+from .writer import DEFAULT_BUDGET_BYTES, DEFAULT_CHUNK_BYTES, StoreWriter, WriterStats
+
+
+def _jsonable(obj: Any) -> Any:
+    """Model configs hold tuples, dtypes, paths: make them plain JSON."""
+    return json.loads(json.dumps(obj, default=str))
+
+
+def model_metadata(model) -> dict[str, Any]:
+    """model_class, model_config and rotated_channels for a diffusers / HF / plain torch model."""
+    if model is None:
+        return {"model_class": None, "model_config": None, "rotated_channels": None}
+    cls = f"{type(model).__module__}.{type(model).__qualname__}"
+    cfg = getattr(model, "config", None)
+    if cfg is not None and hasattr(cfg, "to_dict"):
+        cfg = cfg.to_dict()
+    elif cfg is not None:
+        cfg = dict(cfg)
+    rotated = None
+    if is_h3_model(model):
+        # H3 RoPE rotates 2 * 3 * rope_freq_dim channels of each head (96 of 128 at full size).
+        rotated = 2 * 3 * int(model.config.rope_freq_dim)
+    elif cfg and cfg.get("position_embedding_type") == "absolute":
+        rotated = 0  # BERT-style models: no rotary channels at all
+    return {"model_class": cls, "model_config": _jsonable(cfg), "rotated_channels": rotated}
+
+
+def _existing_entries(root: zarr.Group) -> dict[str, str]:
+    """{entry path: status} for every entry group in the store."""
+    out = {}
+    if "entries" not in root:
+        return out
+    for step_key, step_group in root["entries"].groups():
+        for name_key, g in step_group.groups():
+            out[f"entries/{step_key}/{name_key}"] = g.attrs.get("status", "?")
+    return out
+
+
+class Capture:
+    """Context manager returned by ``capture()``. See ``capture`` for the arguments."""
+
+    def __init__(
+        self,
+        model,
+        path: str | os.PathLike,
+        *,
+        layers: Iterable[int] | None = None,
+        steps: Iterable[int] | None = None,
+        heads: Sequence[int] | None = None,
+        query_rows: Sequence[int] | torch.Tensor | None = None,
+        layout: SegmentLayout | None = None,
+        recipe=None,
+        seed: int | None = None,
+        prompt: str | None = None,
+        rotated_channels: int | None = None,
+        include_refiner: bool = False,
+        budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        queue_size: int = 8,
+        compressor: str | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        resume: bool = False,
+        overwrite: bool = False,
+        progress: bool = True,
+        extra_attrs: dict[str, Any] | None = None,
+    ):
+        self.model = model
+        self.path = Path(path)
+        self.layers = None if layers is None else sorted({int(x) for x in layers})
+        self.steps = None if steps is None else sorted({int(x) for x in steps})
+        self.heads = None if heads is None else [int(h) for h in heads]
+        self.query_rows = None if query_rows is None else torch.as_tensor(query_rows).long()
+        self.layout = layout
+        self.recipe = recipe
+        self.seed = seed
+        self.prompt = prompt
+        self.rotated_channels = rotated_channels
+        self.include_refiner = include_refiner
+        self.resume = resume
+        self.overwrite = overwrite
+        self._writer_kw = dict(budget_bytes=budget_bytes, queue_size=queue_size,
+                               compressor=compressor, chunk_bytes=chunk_bytes, progress=progress)
+        self.extra_attrs = extra_attrs or {}
+        self.interceptor: AttentionInterceptor | None = None
+        self.writer: StoreWriter | None = None
+        self.root: zarr.Group | None = None
+        self.skipped: list[str] = []  # entries not rewritten because a resumed store had them
+        self.submitted: list[str] = []
+        self._done: set[str] = set()
+        self._timestep: float | None = None
+        self._step: int | None = None if self.steps is None else self.steps[0]
+
+    # store -----------------------------------------------------------------------------------------
+    def _root_attrs(self) -> dict[str, Any]:
+        from workbench.recipes import get_recipe
+
+        meta = model_metadata(self.model)
+        if self.rotated_channels is not None:
+            meta["rotated_channels"] = int(self.rotated_channels)
+        recipe_json = None if self.recipe is None else get_recipe(self.recipe).to_json()
+        return {
+            "schema": SCHEMA_NAME,
+            "schema_version": SCHEMA_VERSION,
+            "capture_point": (
+                "diffusers MiniMaxH3AttnProcessor: dispatch_attention_fn(q, k, v) inputs, "
+                "post-QK-norm, post-RoPE, [B, S, H, D]"
+                if is_h3_model(self.model) else
+                "torch.nn.functional.scaled_dot_product_attention inputs, transposed from "
+                "[B, H, S, D] to [B, S, H, D]"
+                if self.model is not None else "explicit record() calls, [B, S, H, D]"
+            ),
+            "tensor_layout": "BSHD",
+            **meta,
+            "segment_layout": None if self.layout is None else self.layout.to_dict(),
+            "recipe": recipe_json,
+            "seed": self.seed,
+            "prompt": self.prompt,
+            "layers_requested": self.layers,
+            "steps_requested": self.steps,
+            "heads": self.heads,
+            "query_rows": None if self.query_rows is None else self.query_rows.tolist(),
+            "include_refiner": self.include_refiner,
+            "library_versions": library_versions(),
+            "created_unix": time.time(),
+            **_jsonable(self.extra_attrs),
+        }
+
+    def _open_store(self) -> zarr.Group:
+        where = str(self.path)
+        exists = (self.path / "zarr.json").exists()
+        if exists and self.resume:
+            root = zarr.open_group(str(self.path), mode="r+")
+            check_schema(dict(root.attrs), where)
+            entries = _existing_entries(root)
+            self._done = {p for p, s in entries.items() if s == STATUS_COMPLETE}
+            root.attrs.update({"resumed_unix": time.time(),
+                               "resume_count": int(root.attrs.get("resume_count", 0)) + 1})
+            return root
+        if exists and not self.overwrite:
+            raise FileExistsError(
+                f"{where}: a store already exists; pass resume=True (--resume) to continue it or "
+                f"overwrite=True (--overwrite) to replace it"
+            )
+        return zarr.open_group(str(self.path), mode="w", attributes=self._root_attrs())
+
+    def __enter__(self) -> Capture:
+        self.root = self._open_store()
+        total = None
+        if self.layers is not None and self.steps is not None:
+            total = len(self.layers) * len(self.steps) - len(self._done)
+        self.writer = StoreWriter(self.root, total=total, where=str(self.path), **self._writer_kw)
+        if self.model is not None:
+            self.interceptor = AttentionInterceptor(
+                self.model, self._handle, layers=self.layers, include_refiner=self.include_refiner
+            )
+            self.interceptor.step = self._step
+            self.interceptor.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self.interceptor is not None:
+                self.interceptor.__exit__(exc_type, exc, tb)
+        finally:
+            if exc_type is None:
+                self.stats = self.writer.close()
+                self.root.attrs.update({"last_closed_unix": time.time()})
+            else:
+                self.stats = self._close_quietly()
+
+    def _close_quietly(self) -> WriterStats | None:
+        try:
+            return self.writer.close()
+        except CaptureStoreError:
+            return None  # the body's own exception is the one to show
+
+    # step ------------------------------------------------------------------------------------------
+    def step(self, i: int | None, timestep: float | None = None) -> None:
+        """Set the current denoising step (and optionally its timestep / sigma value)."""
+        self._step = None if i is None else int(i)
+        self._timestep = None if timestep is None else float(timestep)
+        if self.interceptor is not None:
+            self.interceptor.step = self._step
+
+    def set_layout(self, layout: SegmentLayout) -> None:
+        """Record the packed-sequence segment layout once the caller knows it."""
+        self.layout = layout
+        self.root.attrs.update({"segment_layout": layout.to_dict()})
+
+    @property
+    def current_step(self) -> int | None:
+        return self._step
+
+    def wants(self, step: int | None, layer: int | None) -> bool:
+        if self.steps is not None and step not in self.steps:
+            return False
+        return not (self.layers is not None and layer is not None and layer not in self.layers)
+
+    # recording -------------------------------------------------------------------------------------
+    def _handle(self, call: AttentionCall) -> None:
+        if self.wants(call.step, call.layer):
+            self._submit(call.name, call.layer, call.step, call.q, call.k, call.v,
+                         source=call.source, layout=call.layout, kwargs=call.kwargs)
+        return None  # never replace: capture leaves the model's computation untouched
+
+    def record(self, name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+               step: int | None = None, layer: int | None = None) -> bool:
+        """Store q, k, v ([B, S, H, D]) under (step, name). Returns False when a resumed store
+        already holds the entry complete (nothing is rewritten)."""
+        step = self._step if step is None else int(step)
+        return self._submit(name, layer, step, q, k, v, source="record", layout="BSHD", kwargs={})
+
+    def _submit(self, name, layer, step, q, k, v, *, source, layout, kwargs) -> bool:
+        path = entry_path(step, name)
+        if path in self._done:
+            self.skipped.append(path)
+            return False
+        for label, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != 4:
+                raise ValueError(f"capture {name}: {label} must be [B, S, H, D], got "
+                                 f"{tuple(t.shape)}")
+        B, S, H, D = q.shape
+        Hkv = k.shape[2]
+        group = H // Hkv if Hkv else 1
+        q_heads, kv_heads = list(range(H)), list(range(Hkv))
+        if self.heads is not None:
+            bad = [h for h in self.heads if not 0 <= h < H]
+            if bad:
+                raise ValueError(f"capture {name}: heads {bad} out of range for {H} heads")
+            q_heads = self.heads
+            kv_heads = sorted({h // group for h in q_heads})
+            q = q[:, :, q_heads]
+            k, v = k[:, :, kv_heads], v[:, :, kv_heads]
+        arrays = {"q": q, "k": k, "v": v}
+        if self.query_rows is not None:
+            arrays["q"] = q[:, self.query_rows.to(q.device)]
+            arrays["q_rows"] = self.query_rows
+        scalar_kwargs = {key: val for key, val in kwargs.items()
+                         if isinstance(val, (bool, int, float, str)) or val is None}
+        mask = kwargs.get("attn_mask")
+        attrs = {
+            "name": name,
+            "layer": layer,
+            "step": step,
+            "timestep": self._timestep,
+            "source": source,
+            "layout_seen": layout,
+            "torch_dtype": dtype_name(q.dtype),
+            "shape_q": list(arrays["q"].shape),
+            "shape_kv": list(k.shape),
+            "seq_len": S,
+            "num_heads": H,
+            "num_kv_heads": Hkv,
+            "q_heads": q_heads,
+            "kv_heads": kv_heads,
+            "has_query_rows": self.query_rows is not None,
+            "sdpa_kwargs": scalar_kwargs,
+            "attn_mask_shape": None if mask is None else list(mask.shape),
+            "submitted_unix": time.time(),
+        }
+        self.writer.submit(path, attrs, arrays)
+        self._done.add(path)
+        self.submitted.append(path)
+        return True
+
+
+def capture(model, path, layers=None, steps=None, heads=None, query_rows=None, **kwargs) -> Capture:
+    """Capture live attention q/k/v of ``model`` into the zarr v3 store at ``path``.
+
+    ::
+
+        with capture(model, "captures/run.zarr", layers=[0, 20, 41], steps=[0, 10, 49]) as cap:
+            for i, t in enumerate(timesteps):
+                cap.step(i, timestep=t)
+                model(...)
+
+    layers: H3 block indices (SDPA models: call order index per forward); None = all.
+    steps: denoising steps to keep; None = every step (calls with step None are stored too).
+    heads: query heads to keep (K/V heads they read under GQA are kept); None = all.
+    query_rows: keep only these q rows (K/V keep every row); the rows go in ``q_rows``.
+    Keyword options: layout (SegmentLayout), recipe (spec of the run), seed, prompt,
+    rotated_channels, include_refiner, budget_bytes (host memory bound), queue_size,
+    compressor (None | "zstd[:level]"), chunk_bytes, resume, overwrite, progress, extra_attrs.
+    ``model=None`` gives a store fed only through ``cap.record(name, q, k, v, step=...)``.
+    """
+    return Capture(model, path, layers=layers, steps=steps, heads=heads, query_rows=query_rows,
+                   **kwargs)

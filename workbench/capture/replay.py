@@ -1,0 +1,317 @@
+"""Replay a capture store offline: ``open_capture(path)``.
+
+``cap.qkv(step, layer, heads=..., device=...)`` -> (q, k, v) torch tensors [B, S, H, D] in the dtype
+they were captured in (bf16 / fp8 come back bit-exact from their uint16 / uint8 views).
+``cap.to_xarray()`` -> a lazy (dask-backed) xarray Dataset over (step, layer, batch, token, head,
+channel); nothing is read until values are asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import zarr
+
+from workbench.attention import SegmentLayout
+
+from .schema import (
+    STATUS_COMPLETE,
+    CaptureStoreError,
+    ChecksumError,
+    IncompleteEntryError,
+    check_schema,
+    from_numpy_bits,
+    torch_dtype,
+)
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    """One (step, name) entry of a store, as listed (data not read)."""
+
+    path: str
+    name: str
+    layer: int | None
+    step: int | None
+    status: str  # "complete" | "writing" (started, never finished) | "unreadable"
+    torch_dtype: str | None
+    shape_q: tuple[int, ...] | None
+    shape_kv: tuple[int, ...] | None
+    nbytes: int
+    timestep: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.status == STATUS_COMPLETE
+
+
+def _is_checksum_error(exc: BaseException) -> bool:
+    return "checksum" in str(exc).lower()
+
+
+def bits_to_float32(a: np.ndarray, dtype_name: str) -> np.ndarray:
+    """Stored values -> float32 numpy (bf16 / fp8 bit views decoded). Used by the lazy view."""
+    dt = torch_dtype(dtype_name)
+    return from_numpy_bits(a, dt).float().numpy()
+
+
+class CaptureReader:
+    """A capture store opened for reading. Safe to open while a writer is still filling it."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not (self.path / "zarr.json").exists():
+            raise FileNotFoundError(f"{self.path}: no capture store here (no zarr.json)")
+        try:
+            self.root = zarr.open_group(str(self.path), mode="r")
+        except Exception as exc:  # noqa: BLE001 - say which store, keep the cause
+            raise CaptureStoreError(f"{self.path}: cannot open store: {exc}") from exc
+        self.attrs: dict[str, Any] = dict(self.root.attrs)
+        check_schema(self.attrs, str(self.path))
+        self._entries: list[EntryInfo] | None = None
+
+    # listing ---------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-list entries (a writer may have completed more since the last listing)."""
+        self._entries = None
+        self.attrs = dict(zarr.open_group(str(self.path), mode="r").attrs)
+
+    def entries(self, include_incomplete: bool = True) -> list[EntryInfo]:
+        """Every entry, sorted by (step, layer, name); incomplete ones have status != complete."""
+        if self._entries is None:
+            self._entries = self._scan()
+        return [e for e in self._entries if include_incomplete or e.complete]
+
+    def _scan(self) -> list[EntryInfo]:
+        out = []
+        base = self.path / "entries"
+        if not base.is_dir():
+            return out
+        # Walk the directory rather than trusting any listing metadata: a concurrent writer adds
+        # groups at any time, and a killed one can leave a group without its arrays.
+        for step_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+            for entry_dir in sorted(p for p in step_dir.iterdir() if p.is_dir()):
+                rel = f"entries/{step_dir.name}/{entry_dir.name}"
+                try:
+                    meta = json.loads((entry_dir / "zarr.json").read_text())
+                    a = meta.get("attributes", {})
+                except (OSError, ValueError):
+                    out.append(EntryInfo(rel, entry_dir.name, None, None, "unreadable", None,
+                                         None, None, 0))
+                    continue
+                sq, skv = a.get("shape_q"), a.get("shape_kv")
+                isz = torch.empty((), dtype=torch_dtype(a["torch_dtype"])).element_size() \
+                    if a.get("torch_dtype") else 0
+                nbytes = (int(np.prod(sq)) + 2 * int(np.prod(skv))) * isz if sq and skv else 0
+                out.append(EntryInfo(
+                    path=rel, name=a.get("name", entry_dir.name), layer=a.get("layer"),
+                    step=a.get("step"), status=a.get("status", "unreadable"),
+                    torch_dtype=a.get("torch_dtype"),
+                    shape_q=tuple(sq) if sq else None, shape_kv=tuple(skv) if skv else None,
+                    nbytes=nbytes, timestep=a.get("timestep"),
+                ))
+        out.sort(key=lambda e: (e.step if e.step is not None else -1,
+                                e.layer if e.layer is not None else -1, e.name))
+        return out
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({e.step for e in self.entries(False) if e.step is not None})
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted({e.layer for e in self.entries(False) if e.layer is not None})
+
+    @property
+    def incomplete(self) -> list[EntryInfo]:
+        return [e for e in self.entries() if not e.complete]
+
+    # metadata --------------------------------------------------------------------------------------
+    @property
+    def layout(self) -> SegmentLayout:
+        """Segment layout of the packed sequence; all-video over the captured length if unknown."""
+        d = self.attrs.get("segment_layout")
+        if d:
+            return SegmentLayout.from_dict(d)
+        done = self.entries(False)
+        if not done:
+            raise CaptureStoreError(f"{self.path}: no complete entries and no segment layout")
+        return SegmentLayout.all_video(done[0].shape_kv[1])
+
+    @property
+    def rotated_channels(self) -> int | None:
+        return self.attrs.get("rotated_channels")
+
+    @property
+    def recipe(self):
+        from workbench.recipes import AttentionRecipe
+
+        r = self.attrs.get("recipe")
+        return None if r is None else AttentionRecipe.from_json(r)
+
+    # data ------------------------------------------------------------------------------------------
+    def find(self, step: int | None, layer: int | str) -> EntryInfo:
+        """The entry at (step, layer), where layer is a block index or an entry name."""
+        matches = [e for e in self.entries()
+                   if e.step == step and (e.name == layer if isinstance(layer, str)
+                                          else e.layer == layer)]
+        if not matches:
+            have = sorted({(e.step, e.layer if e.layer is not None else e.name)
+                           for e in self.entries(False)}, key=str)
+            raise KeyError(f"{self.path}: no entry at step={step} layer={layer!r}; complete "
+                           f"entries (step, layer): {have[:20]}{' ...' if len(have) > 20 else ''}")
+        e = matches[0]
+        if not e.complete:
+            raise IncompleteEntryError(
+                f"{self.path}: entry {e.path} (step={step}, layer={layer}) is incomplete "
+                f"(status {e.status!r}): its capture stopped before the data was fully written; "
+                f"resume the capture to rewrite it"
+            )
+        return e
+
+    def _read(self, e: EntryInfo, array: str, selection) -> np.ndarray:
+        try:
+            arr = self.root[f"{e.path}/{array}"]
+            return arr.get_orthogonal_selection(selection)
+        except Exception as exc:  # noqa: BLE001 - name the entry in whatever went wrong
+            if _is_checksum_error(exc):
+                raise ChecksumError(
+                    f"{self.path}: checksum mismatch in entry {e.path} (step={e.step}, "
+                    f"layer={e.layer}, name={e.name}), array {array!r}: the stored chunk is "
+                    f"corrupt ({exc})"
+                ) from exc
+            raise CaptureStoreError(
+                f"{self.path}: reading entry {e.path} array {array!r} failed: {exc}"
+            ) from exc
+
+    def qkv(
+        self,
+        step: int | None,
+        layer: int | str,
+        heads=None,
+        device: str | torch.device | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v) at (step, layer): torch tensors [B, S, H, D] in their captured dtype.
+
+        heads: query head ids of the captured model (K/V heads they read come along under GQA).
+        When the capture kept only some query rows, q holds those rows (see ``query_rows``).
+        """
+        e = self.find(step, layer)
+        meta = self.root[e.path].attrs
+        q_heads, kv_heads = list(meta["q_heads"]), list(meta["kv_heads"])
+        q_sel, kv_sel = slice(None), slice(None)
+        if heads is not None:
+            heads = [int(h) for h in heads]
+            missing = [h for h in heads if h not in q_heads]
+            if missing:
+                raise KeyError(f"{self.path}: entry {e.path} has no heads {missing}; captured "
+                               f"heads: {q_heads}")
+            group = meta["num_heads"] // meta["num_kv_heads"]
+            q_sel = [q_heads.index(h) for h in heads]
+            kv_sel = [kv_heads.index(h // group) for h in heads]
+            if group > 1 and len(set(kv_sel)) < len(kv_sel):
+                kv_sel = sorted(set(kv_sel))  # keep GQA structure: one K/V head per group
+        dt = torch_dtype(e.torch_dtype)
+        out = []
+        for name, sel in (("q", q_sel), ("k", kv_sel), ("v", kv_sel)):
+            a = self._read(e, name, (slice(None), slice(None), sel, slice(None)))
+            t = from_numpy_bits(a, dt)
+            out.append(t.to(device) if device is not None else t)
+        return tuple(out)
+
+    def query_rows(self, step: int | None, layer: int | str) -> torch.Tensor | None:
+        """The q rows kept for this entry, or None when every row was kept."""
+        e = self.find(step, layer)
+        if not self.root[e.path].attrs.get("has_query_rows"):
+            return None
+        return torch.from_numpy(self._read(e, "q_rows", (slice(None),)))
+
+    def verify(self) -> list[str]:
+        """Read every chunk of every complete entry; return one problem line per failure."""
+        problems = []
+        for e in self.entries():
+            if not e.complete:
+                problems.append(f"{e.path}: incomplete (status {e.status})")
+                continue
+            for name in ("q", "k", "v"):
+                try:
+                    self._read(e, name, (slice(None),) * 4)
+                except CaptureStoreError as exc:
+                    problems.append(str(exc))
+        return problems
+
+    # xarray ----------------------------------------------------------------------------------------
+    def to_xarray(self, decode: bool = False):
+        """Lazy xarray Dataset of the complete entries on the (step, layer) grid.
+
+        Variables q, k, v: (step, layer, batch, token, head, channel), dask-backed; entries missing
+        from the grid read as zeros and ``complete`` (step, layer) says which are real. Stored bits
+        (uint16 for bf16, uint8 for fp8) unless ``decode=True``, which maps blocks to float32
+        lazily. Entries whose shapes differ from the first are left out (listed in attrs).
+        """
+        import dask.array as da
+        import xarray as xr
+
+        done = [e for e in self.entries(False) if e.layer is not None and e.step is not None]
+        if not done:
+            raise CaptureStoreError(f"{self.path}: no complete (step, layer) entries to view")
+        first = done[0]
+        same = [e for e in done if e.shape_q == first.shape_q and e.shape_kv == first.shape_kv
+                and e.torch_dtype == first.torch_dtype]
+        steps = sorted({e.step for e in same})
+        layers = sorted({e.layer for e in same})
+        by_key = {(e.step, e.layer): e for e in same}
+        names = {e.layer: e.name for e in same}
+        timesteps = {e.step: e.timestep for e in same}
+        data_vars = {}
+        for var, shape in (("q", first.shape_q), ("k", first.shape_kv), ("v", first.shape_kv)):
+            rows = []
+            for s in steps:
+                row = []
+                for lay in layers:
+                    e = by_key.get((s, lay))
+                    if e is None:
+                        np_dt = self.root[f"{first.path}/{var}"].dtype
+                        row.append(da.zeros(shape, dtype=np_dt))
+                        continue
+                    arr = da.from_zarr(self.root[f"{e.path}/{var}"])
+                    row.append(arr)
+                rows.append(da.stack(row))
+            stacked = da.stack(rows)
+            if decode:
+                stacked = stacked.map_blocks(bits_to_float32, first.torch_dtype,
+                                             dtype=np.float32)
+            data_vars[var] = (("step", "layer", "batch", "token" if var != "q" else "q_token",
+                               "head" if var == "q" else "kv_head", "channel"), stacked)
+        complete = np.array([[(s, lay) in by_key for lay in layers] for s in steps])
+        ts = [np.nan if timesteps.get(s) is None else timesteps[s] for s in steps]
+        ds = xr.Dataset(
+            data_vars,
+            coords={
+                "step": steps,
+                "layer": layers,
+                "layer_name": ("layer", [names[lay] for lay in layers]),
+                "timestep": ("step", ts),
+                "complete": (("step", "layer"), complete),
+            },
+            attrs={
+                "store": str(self.path),
+                "torch_dtype": first.torch_dtype,
+                "decoded": bool(decode),
+                "rotated_channels": self.rotated_channels,
+                "segment_layout": json.dumps(self.attrs.get("segment_layout")),
+                "left_out": json.dumps([e.path for e in done if e not in same]),
+            },
+        )
+        return ds
+
+
+def open_capture(path: str | os.PathLike) -> CaptureReader:
+    """Open a capture store for replay (refuses unknown / newer schema versions)."""
+    return CaptureReader(path)
