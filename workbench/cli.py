@@ -13,6 +13,7 @@ import sys
 # One module per subcommand group, in the order `workbench --help` lists them.
 SUBCOMMAND_MODULES = [
     "workbench.report.cli",  # table, recipes
+    "workbench.capture.cli",  # capture, inspect, archive
 ]
 
 

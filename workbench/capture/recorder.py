@@ -167,7 +167,7 @@ class Capture:
                                "resume_count": int(root.attrs.get("resume_count", 0)) + 1})
             return root
         if exists and not self.overwrite:
-            raise FileExistsError(
+            raise CaptureStoreError(
                 f"{where}: a store already exists; pass resume=True (--resume) to continue it or "
                 f"overwrite=True (--overwrite) to replace it"
             )

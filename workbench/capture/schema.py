@@ -42,8 +42,9 @@ _STORED: dict[torch.dtype, tuple[np.dtype, bool]] = {
 _VIEW_INT = {np.dtype("uint16"): torch.int16, np.dtype("uint8"): torch.uint8}
 
 
-class CaptureStoreError(RuntimeError):
-    """A problem with a capture store; the message names the store and the entry."""
+class CaptureStoreError(ValueError):
+    """A problem with a capture store; the message names the store and the entry (a ValueError so
+    the CLI prints it as one line)."""
 
 
 class SchemaVersionError(CaptureStoreError):
