@@ -1,0 +1,219 @@
+"""CPU tests of the FP8 attention kernels in Triton's interpreter (TRITON_INTERPRET=1).
+
+Each kernel is compared with its torch twin (workbench.attention) and with float64. The kernels
+round onto the E4M3 / BF16 grids with explicit bit arithmetic before every cast (e4m3.py), because
+the interpreter mis-rounds the fp8 cast and truncates the bf16 cast; so the same code is checked here
+and on the GPU. On a machine with CUDA these tests skip (the GPU tests cover the compiled kernels,
+and the interpreter flag must not leak into them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: tests/test_kernels_gpu.py covers the kernels", allow_module_level=True)
+os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+import triton.language as tl
+
+from workbench.attention import (
+    SegmentLayout,
+    dense_attention_f64,
+    recipe_attention,
+)
+from workbench.attention.quant import round_to_e4m3 as torch_round_e4m3
+from workbench.kernels import dispatch
+from workbench.kernels.attention_fp8 import fp8_attention_fwd
+from workbench.kernels.e4m3 import interpreting, round_to_bf16, round_to_e4m3
+from workbench.kernels.kv_stats import kv_stats
+from workbench.kernels.merge import merge_output
+from workbench.kernels.quantize import quantize_qkv
+
+if not interpreting():
+    pytest.skip("triton kernels were imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+RECIPES = ["fp8_dense", "fp8_dense_k", "fp8_dense_kv_corrected"]
+
+
+def biased_qkv(B=1, S=200, H=2, Hkv=2, D=64, seed=0):
+    """bf16 q/k/v [B, S, H, D] with per-channel biases on K and V (what smoothing targets)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, S, H, D, generator=g)
+    k = torch.randn(B, S, Hkv, D, generator=g) + 3 * torch.randn(Hkv, D, generator=g)
+    v = torch.randn(B, S, Hkv, D, generator=g) + 2 * torch.randn(Hkv, D, generator=g)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def rel_l2(x, ref):
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+@triton.jit
+def _round_kernel(X, Y, Z, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    m = o < n
+    x = tl.load(X + o, mask=m)
+    tl.store(Y + o, round_to_e4m3(x).to(tl.float8e4nv), mask=m)
+    tl.store(Z + o, round_to_bf16(x), mask=m)
+
+
+def test_explicit_roundings_match_torch_bitwise():
+    g = torch.Generator().manual_seed(1)
+    x = torch.cat([
+        torch.randn(3000, generator=g) * torch.exp(3 * torch.randn(3000, generator=g)),
+        torch.rand(1000, generator=g) * 0.03,  # E4M3 subnormal range
+        torch.tensor([0.0, -0.0, 448.0, 460.0, 1e6, -1e6, 7.93, 2.0**-10, 3 * 2.0**-10]),
+    ])
+    y = torch.empty(x.numel(), dtype=torch.float8_e4m3fn)
+    z = torch.empty_like(x)
+    _round_kernel[(1,)](x, y, z, x.numel(), BLOCK=8192)
+    assert torch.equal(y.float(), torch_round_e4m3(x))
+    assert torch.equal(z, x.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("S", [64, 300])
+def test_kv_stats_match_torch_and_are_deterministic(S):
+    _, k, v = biased_qkv(B=2, S=S)
+    a = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    b = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    mu_k, mu_v = k.float().mean(1), v.float().mean(1)
+    torch.testing.assert_close(a.mu_k, mu_k, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(a.mu_v, mu_v, rtol=1e-6, atol=1e-6)
+    amax = (v.float() - a.mu_v[:, None]).abs().amax(1)
+    assert torch.equal(a.v_amax, amax)  # exact: max/min trick is exact given mu
+    for x, y in zip((a.mu_k, a.mu_v, a.v_amax), (b.mu_k, b.mu_v, b.v_amax)):
+        assert torch.equal(x, y)
+    plain = kv_stats(k, v, smooth_k=False, smooth_v=False)
+    assert not plain.mu_k.any() and torch.equal(plain.v_amax, v.float().abs().amax(1))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_quantized_operands_equal_the_emulation(name):
+    q, k, v = biased_qkv(B=1, S=150, H=4, Hkv=2)
+    emu = recipe_attention(q, k, v, name)
+    r = emu.recipe
+    st = kv_stats(k, v, smooth_k=r.smooth_k, smooth_v=r.smooth_v)
+    qq = quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=r.smooth_k,
+                      smooth_v=r.smooth_v, v_bias_correction=r.v_bias_correction)
+    S = 150
+    sq = qq.q_scale.repeat_interleave(64, 2)[..., None]
+    sk = qq.k_scale.repeat_interleave(64, 2)[..., None]
+    q_dq = (qq.q8.float() * sq)[:, :, :S].transpose(1, 2)
+    k_dq = (qq.k8.float() * sk)[:, :, :S].transpose(1, 2) + emu.mu_k[:, None]
+    v_dq = (qq.v8t.float()[..., :S].transpose(2, 3) * qq.v_scale[:, :, None]).transpose(1, 2)
+    assert torch.equal(q_dq, emu.q_dq)
+    assert torch.equal(k_dq, emu.k_dq)
+    torch.testing.assert_close(v_dq + qq.v_corr[:, None], emu.v_dq, rtol=0, atol=1e-5)
+    torch.testing.assert_close(qq.v_corr, emu.v_corr, rtol=1e-5, atol=1e-6)
+    # pad tokens are exact zeros so the attention main loop needs no load masks
+    assert not qq.k8[:, :, S:].float().any() and not qq.v8t[..., S:].float().any()
+    if r.v_bias_correction:  # the correction restores V's token mean
+        eff_mean = (v_dq + qq.v_corr[:, None]).mean(1)
+        torch.testing.assert_close(eff_mean, v.float().mean(1), rtol=0, atol=1e-5)
+
+
+def test_single_tile_attention_equals_torch_of_the_same_operands():
+    """One key tile: running max = final max, so the kernel must match the twin to BF16 rounding."""
+    q, k, v = biased_qkv(B=2, S=100)
+    emu = recipe_attention(q, k, v, "fp8_dense_kv_corrected")
+    out = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", block_m=64,
+                                        block_n=128)
+    diff = (out.float() - emu.out).abs()
+    ulp = emu.out.abs().clamp(min=1e-3) * 2.0**-7
+    assert bool((diff <= ulp).all()), float(diff.max())
+    assert float((diff > 0).float().mean()) < 0.01
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_attention_error_within_tolerance_of_emulation(name):
+    """Tolerance rule: kernel rel-L2 vs float64 <= 1.25x the torch emulation's (partial tile)."""
+    q, k, v = biased_qkv(B=1, S=200, H=2, D=64, seed=3)
+    ref, ref_lse = dense_attention_f64(q, k, v)
+    emu = recipe_attention(q, k, v, name)
+    out, lse = dispatch.fp8_recipe_attention(q, k, v, name, block_m=64, block_n=64,
+                                             return_lse=True)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert rel_l2(out, ref) <= 1.25 * rel_l2(emu.out, ref)
+    torch.testing.assert_close(lse.transpose(1, 2), emu.lse, rtol=0, atol=2e-2)
+    lse_err = float((lse.transpose(1, 2).double() - ref_lse).abs().mean())
+    assert lse_err <= 1.25 * float((emu.lse.double() - ref_lse).abs().mean()) + 1e-3
+
+
+def test_smoothing_beats_unsmoothed_on_biased_inputs():
+    q, k, v = biased_qkv(B=1, S=256, H=2, D=64, seed=5)
+    ref, _ = dense_attention_f64(q, k, v)
+    errs = {n: rel_l2(dispatch.fp8_recipe_attention(q, k, v, n, block_m=64, block_n=64), ref)
+            for n in RECIPES}
+    assert errs["fp8_dense_kv_corrected"] < errs["fp8_dense"], errs
+
+
+def test_poisoned_output_is_fully_written_and_row_start_is_respected():
+    q, k, v = biased_qkv(B=1, S=130, H=2)
+    r = dispatch.get_recipe("fp8_dense_k")
+    st = kv_stats(k, v, smooth_k=True, smooth_v=False)
+    qq = quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=True, smooth_v=False,
+                      v_bias_correction=r.v_bias_correction)
+    out = torch.full_like(q, float("nan"))
+    fp8_attention_fwd(qq, num_heads=2, scale=1 / math.sqrt(64), out=out, block_m=64, block_n=64)
+    assert not out.isnan().any()
+    out2 = torch.full_like(q, float("nan"))
+    fp8_attention_fwd(qq, num_heads=2, scale=1 / math.sqrt(64), out=out2, row_start=10,
+                      block_m=64, block_n=64)
+    assert out2[:, :10].isnan().all() and torch.equal(out2[:, 10:], out[:, 10:])
+
+
+def test_merged_output_pass_is_bitwise_concat():
+    q, k, v = biased_qkv(B=1, S=140, H=4, Hkv=2)
+    st = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    qq = quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=True, smooth_v=True,
+                      v_bias_correction=True)
+    of, _ = fp8_attention_fwd(qq, num_heads=4, scale=1 / 8, out_f32=True, block_m=64,
+                              block_n=64)
+    prefix = torch.randn(1, 37, 4, 64).bfloat16()
+    merged = merge_output(of, qq.v_corr, prefix)
+    corr = qq.v_corr.repeat_interleave(2, dim=1)[:, None]
+    expect = torch.cat([prefix, (of[:, 37:] + corr).to(torch.bfloat16)], dim=1)
+    assert torch.equal(merged, expect)
+    # the fused epilogue writes the same bits as the separate pass
+    fused, _ = fp8_attention_fwd(qq, num_heads=4, scale=1 / 8, block_m=64, block_n=64)
+    assert torch.equal(fused[:, 37:], merged[:, 37:])
+
+
+def test_dense_prefix_rows_come_from_bf16_attention():
+    q, k, v = biased_qkv(B=1, S=160, H=2)
+    layout = SegmentLayout(text=5, audio=20, video=135)
+    rec = dispatch.get_recipe("fp8_dense_kv_corrected:dense_prefix=true")
+    out = dispatch.fp8_recipe_attention(q, k, v, rec, layout=layout, block_m=64, block_n=64)
+    plain = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", block_m=64,
+                                          block_n=64)
+    assert torch.equal(out[:, 25:], plain[:, 25:])
+    pre = dispatch.dense_prefix_rows(q, k, v, 25, 1 / 8)
+    assert torch.equal(out[:, :25], pre)
+    emu = recipe_attention(q, k, v, rec, layout=layout)
+    ref, _ = dense_attention_f64(q, k, v, query_index=torch.arange(25))
+    assert rel_l2(out[:, :25], ref) < 1e-2 and rel_l2(emu.out[:, :25], ref) < 1e-2
+
+
+def test_tma_descriptor_path_matches_pointer_path():
+    q, k, v = biased_qkv(B=1, S=140, H=2)
+    a = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", block_m=64, block_n=64)
+    b = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", block_m=64, block_n=64,
+                                      use_tma=True)
+    assert torch.equal(a, b)
+
+
+def test_dispatch_support_rules():
+    q, k, v = biased_qkv(S=64)
+    assert dispatch.unsupported_reason(q, k, v, dispatch.get_recipe("fp8_dense")) is None
+    assert "sparse" in dispatch.unsupported_reason(q, k, v, dispatch.get_recipe("fp8_sol_k"))
+    assert dispatch.unsupported_reason(q, k, v, dispatch.get_recipe("bf16")) is not None
+    assert dispatch.unsupported_reason(q.float(), k.float(), v.float(),
+                                       dispatch.get_recipe("fp8_dense")) is not None
+    assert dispatch.try_kernel(q, k, v, "fp8_dense") is None  # CPU tensors: reference path
+    with pytest.raises(ValueError, match="sparse"):
+        dispatch.fp8_recipe_attention(q, k, v, "fp8_sol_kv_corrected")

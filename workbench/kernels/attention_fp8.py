@@ -1,0 +1,217 @@
+"""FP8 (E4M3) attention forward for Hopper: block-scaled Q/K, channel-scaled V, P in E4M3.
+
+Torch twin: ``workbench.attention.reference._attend`` (called by ``recipe_attention``) with the
+fp8_dense* recipes. Differences that are by design (compare error statistics, not bits):
+- online softmax: P = 2^(s - m_running) is rounded to E4M3 against the running row max (the twin
+  uses the final row max); the row sum l accumulates the FP32 P, PV uses the E4M3 P (as the twin);
+- the V channel scale is applied once to the FP32 accumulator in the epilogue (the twin multiplies
+  the dequantized V), then out = acc * s_v / l + v_corr, rounded to BF16.
+
+Numerics:
+- scores s = (q8 . k8) * (s_q * softmax_scale * log2 e) * s_k, exp2 with the scale folded in;
+- accumulation: both FP8 ``tl.dot`` calls pass ``max_num_imprecise_acc`` = max_imprecise (default
+  128 = one key tile, = head dim): Hopper's FP8 wgmma accumulator keeps fewer than 23 mantissa bits,
+  and Triton then adds the partial product into the true FP32 accumulator every 128 reduction
+  elements (a flush per tile, as SageAttention / FA3 do). 0 (flush every 32-wide MMA step) is the
+  full-precision choice; the benchmark script measures both.
+- P rounding: ``ROUND_P`` = True rounds P onto the E4M3 grid with explicit bit arithmetic before the
+  cast (``e4m3.round_unit_to_e4m3``), the one form that is right in the interpreter; on the GPU the
+  hardware cast (cvt.rn.satfinite) rounds the same way and ``ROUND_P`` = False skips the extra ALU
+  work; the benchmark measures both and the dispatch picks the faster (identical values).
+
+Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad] (``quantize.py``);
+head dim 64 or 128; non-causal; any S: the full key tiles run in the main loop without masks, the
+partial last tile (S % BLOCK_N keys) is peeled and runs once with the key mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .e4m3 import interpreting, round_to_bf16, round_unit_to_e4m3
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
+             HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
+    """K tile [BLOCK_N, D] (D contiguous) and V tile [BLOCK_N, D] read from V^T (tokens contiguous)."""
+    if USE_TMA:
+        k = kd.load([kbase + n0, 0])
+        v = tl.trans(vd.load([vbase, n0]))
+    else:
+        k = tl.load(K8 + (kbase + n0 + offs_n)[:, None] * HEAD_D + d[None, :])
+        v = tl.load(V8T + (vbase + d)[None, :] * S_pad + (n0 + offs_n)[:, None])
+    return k, v
+
+
+@triton.jit
+def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
+               BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
+               ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr):
+    """One key tile of the online softmax. Returns the updated (acc, l_i, m_i)."""
+    sk = tl.load(SK + skbase + (n0 + offs_n) // SCALE_BLOCK)
+    s = tl.dot(q, tl.trans(k), max_num_imprecise_acc=IMP_QK)
+    s = s * qs[:, None] * sk[None, :]
+    if MASK_KEYS:
+        s = tl.where((n0 + offs_n < S)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    if ROUND_P:
+        p = round_unit_to_e4m3(p)
+    acc = tl.dot(p.to(tl.float8e4nv), v, acc, max_num_imprecise_acc=IMP_PV)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fp8_attn_fwd_kernel(
+    Q8, SQ, K8, SK, V8T, VS, VC, O, LSE,
+    qd, kd, vd,
+    S, S_pad, H, GROUP, row_start, qk_scale_log2,
+    stride_ob, stride_os, stride_oh,
+    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
+    IMP_PV: tl.constexpr,
+    WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * (H // GROUP) + h // GROUP
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_D)
+    n_scale = S_pad // SCALE_BLOCK
+
+    if USE_TMA:
+        q = qd.load([bh * S_pad + m0, 0])
+    else:
+        q = tl.load(Q8 + (bh * S_pad + offs_m)[:, None] * HEAD_D + d[None, :])
+    qs = tl.load(SQ + bh * n_scale + offs_m // SCALE_BLOCK) * qk_scale_log2
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    kbase = bhk * S_pad
+    vbase = bhk * HEAD_D
+    skbase = bhk * n_scale
+    n_full = S // BLOCK_N
+
+    # Main loop over full key tiles: no masks (pad keys exist only in the peeled tile).
+    # triton 3.6's interpreter with numpy >= 2.4 fails on `for` loops with a run-time bound, so the
+    # interpreter runs the same tile function in a `while` loop; compiled code keeps the `for`
+    # (software-pipelined by num_stages).
+    if INTERPRET:
+        j = 0
+        while j < n_full:
+            k, v = _load_kv(K8, V8T, kd, vd, kbase, vbase, j * BLOCK_N, S_pad, offs_n, d,
+                            HEAD_D, BLOCK_N, USE_TMA)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
+                                       offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
+                                       IMP_QK, IMP_PV)
+            j += 1
+    else:
+        for j in range(n_full):
+            k, v = _load_kv(K8, V8T, kd, vd, kbase, vbase, j * BLOCK_N, S_pad, offs_n, d,
+                            HEAD_D, BLOCK_N, USE_TMA)
+            acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
+                                       offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
+                                       IMP_QK, IMP_PV)
+    # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked to -inf).
+    if n_full * BLOCK_N < S:
+        n0 = n_full * BLOCK_N
+        k, v = _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
+                        HEAD_D, BLOCK_N, USE_TMA)
+        acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
+                                   BLOCK_N, SCALE_BLOCK, True, ROUND_P, IMP_QK, IMP_PV)
+
+    # Epilogue: V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32.
+    vs = tl.load(VS + bhk * HEAD_D + d)
+    o = acc * (vs[None, :] / l_i[:, None])
+    row_ok = (offs_m < S) & (offs_m >= row_start)
+    optr = O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + d[None, :]
+    if OUT_F32:  # the FP32 attention output for the separate merged pass (no correction)
+        tl.store(optr, o, mask=row_ok[:, None])
+    else:
+        vc = tl.load(VC + bhk * HEAD_D + d)
+        y = o + vc[None, :]
+        if O.dtype.element_ty == tl.bfloat16:
+            y = round_to_bf16(y)  # explicit RNE: the interpreter's bf16 cast truncates
+        tl.store(optr, y.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if WRITE_LSE:
+        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+        tl.store(LSE + bh * S + offs_m, lse, mask=offs_m < S)
+
+
+def fp8_attention_fwd(
+    qkv,
+    *,
+    num_heads: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    row_start: int = 0,
+    return_lse: bool = False,
+    out_f32: bool = False,
+    block_m: int = 128,
+    block_n: int = 128,
+    num_warps: int = 8,
+    num_stages: int = 3,
+    max_imprecise: int = 128,
+    round_p: bool | None = None,
+    use_tma: bool = False,
+):
+    """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
+
+    out: optional preallocated [B, S, H, D] (rows < row_start are left untouched: the dense-prefix
+    rows that the merged pass fills). out_f32: write FP32 o = acc * s_v / l WITHOUT v_corr.
+    """
+    B, H, S_pad, D = qkv.q8.shape
+    Hkv = qkv.k8.shape[1]
+    S = qkv.seq_len
+    interp = interpreting()
+    if round_p is None:
+        round_p = True
+    if interp:
+        round_p = True  # the interpreter's fp8 cast mis-rounds: explicit rounding is required
+        num_stages = 1
+    assert S_pad % block_m == 0 and S_pad % block_n == 0
+    if out is None:
+        dt = torch.float32 if out_f32 else out_dtype
+        out = torch.empty((B, S, H, D), dtype=dt, device=qkv.q8.device)
+    lse = torch.empty((B, H, S), dtype=torch.float32, device=out.device) if return_lse else None
+    qd = kd = vd = None
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        qd = TensorDescriptor.from_tensor(qkv.q8.view(B * H * S_pad, D), [block_m, D])
+        kd = TensorDescriptor.from_tensor(qkv.k8.view(B * Hkv * S_pad, D), [block_n, D])
+        vd = TensorDescriptor.from_tensor(qkv.v8t.view(B * Hkv * D, S_pad), [D, block_n])
+    grid = (triton.cdiv(S, block_m), B * H)
+    _fp8_attn_fwd_kernel[grid](
+        qkv.q8, qkv.q_scale, qkv.k8, qkv.k_scale, qkv.v8t, qkv.v_scale, qkv.v_corr, out,
+        lse if lse is not None else out,
+        qd, kd, vd,
+        S, S_pad, H, H // Hkv, row_start, scale * LOG2E,
+        out.stride(0), out.stride(1), out.stride(2),
+        HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, SCALE_BLOCK=64, ROUND_P=round_p,
+        IMP_QK=min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n), WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=use_tma,
+        INTERPRET=interp, num_warps=num_warps, num_stages=num_stages,
+    )
+    return out, lse
+
+
+def default_scale(d: int) -> float:
+    return 1.0 / math.sqrt(d)

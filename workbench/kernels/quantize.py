@@ -1,0 +1,193 @@
+"""Fused centering + E4M3 quantization of Q, K and V, and the V-bias correction vector.
+
+Torch twin (``workbench.attention.reference.recipe_attention`` with ``quant.token_scales``,
+``quant.quantize_channels``)::
+
+    kc = k.float() - mu_k[:, None]                      # mu_k = 0 when K is not smoothed
+    s_k = token_scales(kc, "fp8_e4m3", "block", 64)     # [B, ceil(S/64), H] = absmax/448
+    k8 = round_to_e4m3(kc / s_k)                        # same for Q without centering
+    vc = v.float() - mu_v[:, None]
+    s_v = channel_scales(vc)                            # [B, H, D]
+    v8 = round_to_e4m3(vc / s_v)
+    v_corr = mu_v - mean_t(v8 * s_v)                    # V-bias correction (or mu_v, or 0)
+
+Rounding: ``e4m3.round_to_e4m3`` (explicit, bit-exact on GPU and in the interpreter), then the cast.
+
+Output layouts, chosen for the attention kernel (``attention_fp8``):
+- Q8, K8: [B, H, S_pad, D] float8_e4m3fn, head-major so one head's tokens are contiguous rows of
+  D bytes (a plain 2-D [B*H*S_pad, D] view for loads or a TMA descriptor); scales [B, H, S_pad/64].
+- V8t: [B, Hkv, D, S_pad], V TRANSPOSED: Hopper's FP8 wgmma needs both operands K-major, and for
+  P @ V the reduction runs over tokens, so tokens must be contiguous.
+- S_pad = S rounded up to ``SEQ_PAD`` (256); pad tokens are written as exact zeros (scale 1) by the
+  same kernels, so the attention kernel's main loop needs no masks on loads.
+
+The correction needs mean_t of dequant(V'), which the V pass produces as per-chunk partial sums of the
+quantized values (no extra pass over V); a small fixed-order kernel finishes it (deterministic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .e4m3 import interpreting, round_to_e4m3
+
+SEQ_PAD = 256
+QK_BLOCK = 64  # tokens per Q/K scale (the recipe's qk_block)
+V_ROWS = 64
+V_SUB = 4  # 256 tokens per V program
+CORR_CHUNKS = 8
+
+
+@dataclass(frozen=True)
+class QuantizedQKV:
+    """The FP8 operands and their scales (see the module docstring for layouts)."""
+
+    q8: torch.Tensor  # [B, H, S_pad, D] float8_e4m3fn
+    q_scale: torch.Tensor  # [B, H, S_pad // 64] float32
+    k8: torch.Tensor  # [B, Hkv, S_pad, D]
+    k_scale: torch.Tensor  # [B, Hkv, S_pad // 64]
+    v8t: torch.Tensor  # [B, Hkv, D, S_pad]
+    v_scale: torch.Tensor  # [B, Hkv, D]
+    v_corr: torch.Tensor  # [B, Hkv, D] float32, added to the FP32 output of the quantized rows
+    seq_len: int
+
+
+def padded_len(s: int) -> int:
+    return triton.cdiv(s, SEQ_PAD) * SEQ_PAD
+
+
+@triton.jit
+def _quant_tokens_kernel(
+    X, MU, OUT8, SCALE,
+    S, S_pad, H, HMU_GROUP,
+    stride_xb, stride_xs, stride_xh,
+    HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr,
+):
+    """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    t = blk * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_D)
+    ok = (t < S)[:, None]
+    x = tl.load(X + b * stride_xb + h * stride_xh + t[:, None] * stride_xs + d[None, :],
+                mask=ok, other=0.0).to(tl.float32)
+    if CENTER:
+        mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
+        x = tl.where(ok, x - mu[None, :], 0.0)
+    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    q = round_to_e4m3(x / scale)  # divide (not multiply by 1/scale): the twin divides
+    tl.store(OUT8 + (bh * S_pad + t[:, None]) * HEAD_D + d[None, :], q.to(tl.float8e4nv))
+    tl.store(SCALE + bh * (S_pad // BLOCK) + blk, scale)
+
+
+@triton.jit
+def _quant_v_kernel(
+    V, MU, VSCALE, OUT8T, PSUM,
+    S, S_pad, HKV, n_chunks,
+    stride_vb, stride_vs, stride_vh,
+    HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, CENTER: tl.constexpr,
+):
+    """One program = one (batch, head, 256-token chunk): center, round with channel scales, store
+    transposed, and keep the per-channel sum of the quantized values for the correction."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // HKV
+    h = bh % HKV
+    d = tl.arange(0, HEAD_D)
+    s = tl.load(VSCALE + bh * HEAD_D + d)
+    mu = tl.zeros([HEAD_D], tl.float32)
+    if CENTER:
+        mu = tl.load(MU + bh * HEAD_D + d)
+    qsum = tl.zeros([ROWS, HEAD_D], tl.float32)
+    for i in tl.static_range(N_SUB):
+        t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
+        ok = (t < S)[:, None]
+        x = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
+                    mask=ok, other=0.0).to(tl.float32)
+        x = tl.where(ok, x - mu[None, :], 0.0)
+        q = round_to_e4m3(x / s[None, :])
+        qsum += q
+        # transposed store: [D, ROWS] with tokens contiguous
+        tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q.to(tl.float8e4nv))
+    tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
+
+
+@triton.jit
+def _corr_step(PSUM, base, c0, n_chunks, acc, HEAD_D: tl.constexpr, CB: tl.constexpr):
+    cc = c0 + tl.arange(0, CB)
+    off = base + cc[:, None] * HEAD_D + tl.arange(0, HEAD_D)[None, :]
+    return acc + tl.load(PSUM + off, mask=(cc < n_chunks)[:, None], other=0.0)
+
+
+@triton.jit
+def _v_corr_kernel(
+    PSUM, MU, VSCALE, CORR, n_chunks, s_len,
+    HEAD_D: tl.constexpr, CB: tl.constexpr, MODE: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """MODE 0: corr = 0; 1: corr = mu_v; 2: corr = mu_v - s_v * mean_t(q_v) (fixed order)."""
+    bh = tl.program_id(0)
+    d = tl.arange(0, HEAD_D)
+    corr = tl.zeros([HEAD_D], tl.float32)
+    if MODE >= 1:
+        corr = tl.load(MU + bh * HEAD_D + d)
+    if MODE == 2:
+        acc = tl.zeros([CB, HEAD_D], tl.float32)
+        base = bh * n_chunks * HEAD_D
+        n_steps = tl.cdiv(n_chunks, CB)
+        if INTERPRET:  # see kv_stats: run-time `for` bounds fail in the 3.6 interpreter
+            i = 0
+            while i < n_steps:
+                acc = _corr_step(PSUM, base, i * CB, n_chunks, acc, HEAD_D, CB)
+                i += 1
+        else:
+            for i in range(n_steps):
+                acc = _corr_step(PSUM, base, i * CB, n_chunks, acc, HEAD_D, CB)
+        s = tl.load(VSCALE + bh * HEAD_D + d)
+        corr = corr - s * (tl.sum(acc, axis=0) / s_len)
+    tl.store(CORR + bh * HEAD_D + d, corr)
+
+
+def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
+                 v_bias_correction: bool) -> QuantizedQKV:
+    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``."""
+    B, S, H, D = q.shape
+    Hkv = k.shape[2]
+    S_pad = padded_len(S)
+    nb = S_pad // QK_BLOCK
+    dev = q.device
+    f8 = torch.float8_e4m3fn
+    q8 = torch.empty((B, H, S_pad, D), dtype=f8, device=dev)
+    k8 = torch.empty((B, Hkv, S_pad, D), dtype=f8, device=dev)
+    v8t = torch.empty((B, Hkv, D, S_pad), dtype=f8, device=dev)
+    q_scale = torch.empty((B, H, nb), dtype=torch.float32, device=dev)
+    k_scale = torch.empty((B, Hkv, nb), dtype=torch.float32, device=dev)
+    _quant_tokens_kernel[(nb, B * H)](
+        q, q, q8, q_scale, S, S_pad, H, 1, q.stride(0), q.stride(1), q.stride(2),
+        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=False, num_warps=4,
+    )
+    _quant_tokens_kernel[(nb, B * Hkv)](
+        k, mu_k, k8, k_scale, S, S_pad, Hkv, 1, k.stride(0), k.stride(1), k.stride(2),
+        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=smooth_k, num_warps=4,
+    )
+    v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
+    n_chunks = S_pad // (V_ROWS * V_SUB)
+    psum = torch.empty((B * Hkv, n_chunks, D), dtype=torch.float32, device=dev)
+    _quant_v_kernel[(n_chunks, B * Hkv)](
+        v, mu_v, v_scale, v8t, psum, S, S_pad, Hkv, n_chunks,
+        v.stride(0), v.stride(1), v.stride(2),
+        HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, num_warps=4,
+    )
+    v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=dev)
+    mode = 2 if v_bias_correction else (1 if smooth_v else 0)
+    _v_corr_kernel[(B * Hkv,)](
+        psum, mu_v, v_scale, v_corr, n_chunks, float(S),
+        HEAD_D=D, CB=CORR_CHUNKS, MODE=mode, INTERPRET=interpreting(), num_warps=4,
+    )
+    return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, S)
