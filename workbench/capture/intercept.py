@@ -200,14 +200,14 @@ class AttentionInterceptor:
                 targets.append((f"transformer_blocks.{i}", i, block.attn))
         if self.include_refiner:
             n = len(self.model.transformer_blocks)
-            for j, block in enumerate(self.model.token_refiner.blocks):
+            for j, block in enumerate(self.model.token_refiner.refiner_blocks):
                 # Refiner layers get indices after the block stack so they never collide.
                 if self.layers is None or (n + j) in self.layers:
-                    targets.append((f"token_refiner.blocks.{j}", n + j, block.attn))
+                    targets.append((f"token_refiner.refiner_blocks.{j}", n + j, block.attn))
         if self.layers is not None:
             n_total = len(self.model.transformer_blocks)
             if self.include_refiner:
-                n_total += len(self.model.token_refiner.blocks)
+                n_total += len(self.model.token_refiner.refiner_blocks)
             bad = sorted(x for x in self.layers if not 0 <= x < n_total)
             if bad:
                 raise ValueError(f"layers: {bad} out of range for a model with {n_total} blocks")
