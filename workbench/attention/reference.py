@@ -55,7 +55,7 @@ class AttentionResult:
     mu_k: torch.Tensor  # [B, Hkv, D] FP32 token mean of K (zeros when K is not smoothed)
     mu_v: torch.Tensor  # [B, Hkv, D]
     v_corr: torch.Tensor  # [B, Hkv, D] vector added to the FP32 output of the quantized rows
-    out: torch.Tensor  # [B, n, H, D] float32 holding BF16 values
+    out: torch.Tensor  # [B, n, H, D] float32 (float64 for float64 inputs) holding BF16 values
     lse: torch.Tensor  # [B, n, H] natural-log sum of exp(scale * q.k)
     prefix_rows: torch.Tensor  # [n] bool: rows recomputed in BF16 (dense-prefix replacement)
     exact_fraction: float = 1.0  # fraction of (query block, key block) pairs computed exactly
@@ -69,7 +69,14 @@ def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
     return t if group == 1 else t.repeat_interleave(group, dim=2)
 
 
+def _round_operand(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Unquantized operand formats: bf16 rounds, exact keeps the compute precision."""
+    return x if fmt == "exact" else round_to_bf16(x)
+
+
 def _quantize_p(p: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
+    if recipe.p_format == "exact":
+        return p
     if recipe.p_format == "bf16":
         return round_to_bf16(p)
     if recipe.p_scaling == "rowmax448":
@@ -133,7 +140,8 @@ def _attend(
         return exact_keys[..., kb]  # [B, H, n, chunk]
 
     # Pass 1: the row max over exact keys and summary scores.
-    m = torch.full((B, H, n), -math.inf, device=qs.device)
+    dt = qs.dtype
+    m = torch.full((B, H, n), -math.inf, device=qs.device, dtype=dt)
     for s0 in range(0, S, key_chunk):
         s1 = min(S, s0 + key_chunk)
         s = (qs @ k[:, :, s0:s1].transpose(-1, -2)) * c
@@ -148,8 +156,8 @@ def _attend(
         m = torch.maximum(m, ss.amax(-1))
 
     # Pass 2: P = 2^(s - m); l sums the FP32 P, PV uses the quantized P.
-    l = torch.zeros((B, H, n), device=qs.device)
-    acc = torch.zeros((B, H, n, D), device=qs.device)
+    row_sum = torch.zeros((B, H, n), device=qs.device, dtype=dt)
+    acc = torch.zeros((B, H, n, D), device=qs.device, dtype=dt)
     state: dict = {}
     for s0 in range(0, S, key_chunk):
         s1 = min(S, s0 + key_chunk)
@@ -158,16 +166,16 @@ def _attend(
         if mask is not None:
             s = s.masked_fill(~mask, -math.inf)
         p = torch.exp2(s - m[..., None])
-        l += p.sum(-1)
-        acc += _pv(_quantize_p(p, recipe), v[:, :, s0:s1], recipe, state)
+        row_sum += p.sum(-1)
+        acc += _pv(_quantize_p(p, recipe).to(dt), v[:, :, s0:s1], recipe, state)
     if state.get("inner") is not None:
         acc += state["inner"]
     if summary is not None:
         w = torch.exp2(ss - m[..., None])  # zero where the block is exact
         acc += w @ vc
-        l += w @ blen.to(w.dtype)
-    out = acc / l[..., None]
-    lse = (m + torch.log2(l)) * LN2
+        row_sum += w @ blen.to(w.dtype)
+    out = acc / row_sum[..., None]
+    lse = (m + torch.log2(row_sum)) * LN2
     return out, lse
 
 
@@ -204,12 +212,14 @@ def recipe_attention(
     group = H // Hkv
     dev = q.device
 
-    qf, kf, vf = q.float(), k.float(), v.float()
-    rot = hadamard_matrix(D, device=dev) if recipe.hadamard else None
+    # float64 inputs are computed in float64 (identities); everything else in float32.
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qf, kf, vf = q.to(cdt), k.to(cdt), v.to(cdt)
+    rot = hadamard_matrix(D, dtype=cdt, device=dev) if recipe.hadamard else None
     if rot is not None:
         qf, kf = qf @ rot, kf @ rot
 
-    zeros = torch.zeros(B, Hkv, D, device=dev)
+    zeros = torch.zeros(B, Hkv, D, device=dev, dtype=cdt)
     mu_k = kf.mean(dim=1) if recipe.smooth_k else zeros
     mu_v = vf.mean(dim=1) if recipe.smooth_v else zeros
     kc = kf - mu_k[:, None]
@@ -218,14 +228,15 @@ def recipe_attention(
     # Quantize the operands (Q only on the sampled rows; scales still see their whole block).
     if recipe.quantizes_qk:
         qs_scale = token_scales(qf, recipe.qk_format, recipe.qk_granularity, recipe.qk_block)
-        k_op, _ = _quantize_rows(kc, recipe, None)
-        q_rows = _quantize_rows(qf, recipe, idx, qs_scale)[0]
+        k_op = _quantize_rows(kc, recipe, None)[0].to(cdt)
+        q_rows = _quantize_rows(qf, recipe, idx, qs_scale)[0].to(cdt)
     else:
-        k_op, q_rows = round_to_bf16(kc), round_to_bf16(qf[:, idx])
+        k_op = _round_operand(kc, recipe.qk_format)
+        q_rows = _round_operand(qf[:, idx], recipe.qk_format)
     if recipe.quantizes_v:
-        v_op, _ = quantize_channels(vc, recipe.v_format, recipe.v_granularity)
+        v_op = quantize_channels(vc, recipe.v_format, recipe.v_granularity)[0].to(cdt)
     else:
-        v_op = round_to_bf16(vc)
+        v_op = _round_operand(vc, recipe.v_format)
     v_mean_dq = v_op.mean(dim=1)
     v_corr = (mu_v - v_mean_dq) if recipe.v_bias_correction else mu_v
 
@@ -257,7 +268,9 @@ def recipe_attention(
         lses.append(lse)
     out = torch.cat(outs, 2).transpose(1, 2)  # [B, n, H, D]
     lse = torch.cat(lses, 2).transpose(1, 2)
-    out = round_to_bf16(out + _expand_heads(v_corr, group)[:, None])
+    out = out + _expand_heads(v_corr, group)[:, None]
+    if recipe.out_format == "bf16":
+        out = round_to_bf16(out).to(cdt)
 
     prefix_rows = torch.zeros(idx.numel(), dtype=torch.bool, device=dev)
     if recipe.dense_prefix and layout.prefix_len:
@@ -267,8 +280,8 @@ def recipe_attention(
                 q, k, v, PRESETS["bf16"], query_index=idx[prefix_rows], layout=layout,
                 scale=scale, key_chunk=key_chunk, query_chunk=query_chunk,
             )
-            out[:, prefix_rows] = pre.out
-            lse[:, prefix_rows] = pre.lse
+            out[:, prefix_rows] = pre.out.to(out.dtype)
+            lse[:, prefix_rows] = pre.lse.to(lse.dtype)
 
     if rot is not None:  # report Q and K boundaries in the caller's coordinates
         q_rows, k_op = q_rows @ rot.T, k_op @ rot.T
@@ -340,14 +353,14 @@ def dense_attention_f64(
     vv = _expand_kv(v, group).transpose(1, 2)
     n = idx.numel()
     m = torch.full((B, H, n), -math.inf, dtype=torch.float64, device=q.device)
-    l = torch.zeros((B, H, n), dtype=torch.float64, device=q.device)
+    row_sum = torch.zeros((B, H, n), dtype=torch.float64, device=q.device)
     acc = torch.zeros((B, H, n, D), dtype=torch.float64, device=q.device)
     for s0 in range(0, kk.shape[2], key_chunk):
         s = (qs @ kk[:, :, s0 : s0 + key_chunk].double().transpose(-1, -2)) * scale
         m_new = torch.maximum(m, s.amax(-1))
         alpha = torch.exp(m - m_new)
         p = torch.exp(s - m_new[..., None])
-        l = l * alpha + p.sum(-1)
+        row_sum = row_sum * alpha + p.sum(-1)
         acc = acc * alpha[..., None] + p @ vv[:, :, s0 : s0 + key_chunk].double()
         m = m_new
-    return (acc / l[..., None]).transpose(1, 2), (m + torch.log(l)).transpose(1, 2)
+    return (acc / row_sum[..., None]).transpose(1, 2), (m + torch.log(row_sum)).transpose(1, 2)

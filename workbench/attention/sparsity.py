@@ -24,9 +24,10 @@ def block_reduce(x: torch.Tensor, block: int, op: str = "mean") -> tuple[torch.T
     B, S, H, D = x.shape
     nb = math.ceil(S / block)
     pad = nb * block - S
-    xp = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, pad)) if pad else x.float()
+    xf = x if x.dtype == torch.float64 else x.float()
+    xp = torch.nn.functional.pad(xf, (0, 0, 0, 0, 0, pad)) if pad else xf
     sums = xp.view(B, nb, block, H, D).sum(dim=2).transpose(1, 2)  # [B, H, nb, D]
-    lens = torch.full((nb,), float(block), device=x.device)
+    lens = torch.full((nb,), float(block), device=x.device, dtype=xf.dtype)
     lens[-1] = S - (nb - 1) * block
     if op == "sum":
         return sums, lens

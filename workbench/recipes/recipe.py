@@ -16,11 +16,14 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-QK_FORMATS = ("bf16", "fp8_e4m3", "int8")
+# "exact": operands kept at compute precision (FP32, or FP64 for float64 inputs): identities and
+# ceilings, not a deployable format.
+QK_FORMATS = ("bf16", "fp8_e4m3", "int8", "exact")
 QK_GRANULARITIES = ("block", "token", "tensor")
-V_FORMATS = ("bf16", "fp8_e4m3")
+V_FORMATS = ("bf16", "fp8_e4m3", "exact")
 V_GRANULARITIES = ("channel", "tensor")
-P_FORMATS = ("bf16", "fp8_e4m3")
+P_FORMATS = ("bf16", "fp8_e4m3", "exact")
+OUT_FORMATS = ("bf16", "exact")
 # "unit": P = 2^(s - m) lies in [0, 1] and is cast to E4M3 as is (FP8 Sol).
 # "rowmax448": P is multiplied by 448 before the cast so the row max uses E4M3's whole range.
 P_SCALINGS = ("unit", "rowmax448")
@@ -53,6 +56,8 @@ class AttentionRecipe:
     # P operand of PV.
     p_format: str = "fp8_e4m3"
     p_scaling: str = "unit"
+    # Output written by the epilogue (kernels write BF16).
+    out_format: str = "bf16"
     # Smoothing: subtract the FP32 token mean before quantizing K ("k") or K and V ("kv").
     smoothing: str = "kv"
     v_bias_correction: bool = True
@@ -85,11 +90,11 @@ class AttentionRecipe:
     # -- derived properties -------------------------------------------------------------------
     @property
     def quantizes_qk(self) -> bool:
-        return self.qk_format != "bf16"
+        return self.qk_format in ("fp8_e4m3", "int8")
 
     @property
     def quantizes_v(self) -> bool:
-        return self.v_format != "bf16"
+        return self.v_format == "fp8_e4m3"
 
     @property
     def smooth_k(self) -> bool:
@@ -214,6 +219,7 @@ def validate(r: AttentionRecipe) -> None:
     _choice(r, "v_granularity", V_GRANULARITIES)
     _choice(r, "p_format", P_FORMATS)
     _choice(r, "p_scaling", P_SCALINGS)
+    _choice(r, "out_format", OUT_FORMATS)
     _choice(r, "smoothing", SMOOTHINGS)
     _choice(r, "accumulation", ACCUMULATIONS)
     _choice(r, "sparsity", SPARSITIES)
@@ -226,7 +232,7 @@ def validate(r: AttentionRecipe) -> None:
         )
     if r.v_bias_correction and not r.quantizes_v:
         raise RecipeError(
-            "recipe field 'v_bias_correction': V is not quantized (v_format='bf16'), "
+            f"recipe field 'v_bias_correction': V is not quantized (v_format={r.v_format!r}), "
             "there is no quantization bias to correct"
         )
     if r.p_scaling == "rowmax448" and r.p_format != "fp8_e4m3":
@@ -257,6 +263,12 @@ PRESETS: dict[str, AttentionRecipe] = {
     r.name: r
     for r in [
         AttentionRecipe(name="bf16", **_BF16, notes="BF16 dense attention, the baseline."),
+        AttentionRecipe(
+            name="exact",
+            qk_format="exact", v_format="exact", p_format="exact", out_format="exact",
+            smoothing="none", v_bias_correction=False,
+            notes="No rounding anywhere (FP32 / FP64 math): for identities and ceilings.",
+        ),
         AttentionRecipe(
             name="fp8_dense",
             smoothing="none",

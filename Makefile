@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` and `make test` (see README).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+EXTRAS := kernels,store,models,media,viz
+STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
+PYTEST_ARGS ?=
+
+.PHONY: demo test lab install install-dev lint clean-venv
+
+# A base interpreter that already has a CUDA torch lends it to the venv; else a plain venv.
+$(BIN)/python:
+	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; \
+	then $(PY) -m venv --system-site-packages $(VENV); else $(PY) -m venv $(VENV); fi
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	bash scripts/install_torch.sh $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),dev]"
+	bash scripts/ensure_chromium.sh
+	@touch $(DEV_STAMP)
+
+install: $(STAMP)
+install-dev: $(DEV_STAMP)
+
+demo: $(STAMP)
+	$(BIN)/workbench demo --out reports/demo
+
+test: $(DEV_STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --LabApp.news_url=None --ServerApp.root_dir=notebooks \
+		notebooks/02_smoothing_explorer.ipynb
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check workbench tests scripts
+
+clean-venv:
+	rm -rf $(VENV)

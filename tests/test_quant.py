@@ -1,0 +1,99 @@
+"""Quantizer emulation: E4M3 bit-exactness, scales per granularity, INT8, Hadamard."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.attention.quant import (
+    E4M3_MAX,
+    hadamard_matrix,
+    quantize_channels,
+    quantize_tokens,
+    round_to_e4m3,
+    round_to_e4m3_explicit,
+    round_to_mantissa,
+    token_scales,
+)
+
+
+def _bits_equal(a, b):
+    return torch.equal(a.float().view(torch.int32), b.float().view(torch.int32))
+
+
+def test_e4m3_explicit_matches_torch_cast_on_every_fp16_value():
+    x = torch.arange(0, 2**16, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    x = x[torch.isfinite(x)]
+    ref = x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+    assert _bits_equal(round_to_e4m3_explicit(x), ref)
+    assert _bits_equal(round_to_e4m3(x), ref)
+
+
+def test_e4m3_known_values():
+    # 7.93 rounds to 8 (the interpreter's dropped carry gives 4.0); 464 saturates to 448
+    x = torch.tensor([7.93, 464.0, 1e6, 2**-9, 2**-10, 3 * 2**-11, 0.0, -17.0])
+    want = torch.tensor([8.0, 448.0, 448.0, 2**-9, 0.0, 2**-9, 0.0, -16.0])
+    assert torch.equal(round_to_e4m3_explicit(x), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=64))
+def test_e4m3_explicit_matches_cast_property(values):
+    x = torch.tensor(values, dtype=torch.float32)
+    ref = x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
+    assert _bits_equal(round_to_e4m3_explicit(x), ref)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    S=st.integers(1, 200), H=st.integers(1, 3), block=st.sampled_from([1, 16, 64]),
+    gran=st.sampled_from(["block", "token", "tensor"]), fmt=st.sampled_from(["fp8_e4m3", "int8"]),
+    mag=st.floats(1e-3, 1e3),
+)
+def test_token_quantizer_properties(S, H, block, gran, fmt, mag):
+    g = torch.Generator().manual_seed(S * 31 + H)
+    x = torch.randn(1, S, H, 8, generator=g) * mag
+    dq, scale = quantize_tokens(x, fmt, gran, block)
+    assert dq.shape == x.shape and torch.isfinite(dq).all()
+    # the largest |x| of every scale group maps to the format max, so it is reproduced closely
+    qmax = 448.0 if fmt == "fp8_e4m3" else 127.0
+    assert float(scale.max()) == pytest.approx(float(x.abs().max()) / qmax, rel=1e-6)
+    # relative error per element is bounded by the format's half-ulp at the group's max
+    rel = (dq - x).abs().max() / x.abs().max()
+    bound = 2**-4 if fmt == "fp8_e4m3" else 0.5 / 127
+    assert float(rel) <= bound + 1e-6
+    if gran == "block":
+        assert scale.shape == (1, math.ceil(S / block), H)
+
+
+def test_channel_quantizer_one_scale_per_channel():
+    x = torch.randn(2, 300, 3, 16) * torch.logspace(-2, 2, 16)
+    dq, scale = quantize_channels(x, "fp8_e4m3")
+    assert scale.shape == (2, 3, 16)
+    assert torch.allclose(scale, x.abs().amax(1) / 448)
+    codes = dq.double() / scale[:, None].double()
+    # dequantized values sit on the scaled E4M3 grid (up to the float32 product's rounding)
+    assert (codes - round_to_e4m3(codes.float()).double()).abs().max() <= 448 * 2**-22
+    assert float(codes.abs().max()) == pytest.approx(448.0, rel=1e-6)
+
+
+def test_zero_tile_gets_unit_scale():
+    x = torch.zeros(1, 128, 1, 8)
+    x[:, 64:] = 1.0
+    s = token_scales(x, "fp8_e4m3", "block", 64)
+    assert s[0, 0, 0] == 1.0 and s[0, 1, 0] == pytest.approx(1 / 448)
+
+
+def test_hadamard_orthonormal_and_rejects_non_power_of_two():
+    h = hadamard_matrix(128, dtype=torch.float64)
+    assert torch.allclose(h @ h.T, torch.eye(128, dtype=torch.float64), atol=1e-12)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        hadamard_matrix(96)
+
+
+def test_reduced_mantissa():
+    x = torch.tensor([1 + 2**-10, 1 + 2**-3, 3.0])
+    assert torch.equal(round_to_mantissa(x, 8), torch.tensor([1.0, 1 + 2**-3, 3.0]))
+    assert torch.equal(round_to_mantissa(x, 23), x)

@@ -1,0 +1,92 @@
+"""Recipe spec: presets, string/JSON round trips, field-naming errors, property-based parsing."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench.recipes import PRESETS, AttentionRecipe, RecipeError, get_recipe
+from workbench.recipes.recipe import QK_FORMATS, SMOOTHINGS, SPARSITIES
+
+REQUIRED = [
+    "bf16", "fp8_dense", "fp8_dense_kv_corrected", "fp8_sol_unsmoothed", "fp8_sol_k",
+    "fp8_sol_kv_corrected", "int8_qk_fp8_pv", "fp8_hadamard", "vsa_bf16",
+]
+
+
+def test_required_presets_exist_and_default_is_seed_recipe():
+    for name in REQUIRED:
+        assert name in PRESETS
+    d = get_recipe(None)
+    assert d.name == "fp8_sol_kv_corrected"
+    assert (d.smoothing, d.v_bias_correction, d.sparsity, d.dense_prefix) == ("kv", True, "sol", True)
+    assert (d.dense_steps, d.dense_layers, d.qk_block, d.sol_tau) == (10, 2, 64, 1.0)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_round_trips(name):
+    r = PRESETS[name]
+    assert get_recipe(r.to_string()) == r
+    assert AttentionRecipe.from_json(r.to_json()) == r
+    assert get_recipe(r.to_json()) == r
+    assert json.loads(r.to_json())["name"] == name
+
+
+def test_overrides_parse_and_print():
+    r = get_recipe("fp8_sol_kv_corrected:sol_tau=0.5,dense_prefix=false,sol_threshold=diag")
+    assert (r.sol_tau, r.dense_prefix, r.sol_threshold) == (0.5, False, "diag")
+    assert get_recipe(r.to_string()) == r
+    assert "sol_tau=0.5" in r.to_string()
+
+
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ("fp8_dense:v_bias_correction=true", "v_bias_correction"),
+        ("fp8_dense:qk_format=fp4", "qk_format"),
+        ("fp8_dense:smoothing=q", "smoothing"),
+        ("fp8_dense:vsa_keep=0", "vsa_keep"),
+        ("fp8_dense:qk_block=abc", "qk_block"),
+        ("fp8_dense:nonsense=1", "nonsense"),
+        ('{"qk_format": "fp16"}', "qk_format"),
+        ('{"bogus": 1}', "bogus"),
+    ],
+)
+def test_invalid_recipes_name_the_field(spec, field):
+    with pytest.raises(RecipeError, match=field):
+        get_recipe(spec)
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(RecipeError, match="unknown preset 'fp9'.*fp8_dense"):
+        get_recipe("fp9")
+
+
+def test_dense_policy():
+    r = PRESETS["fp8_sol_kv_corrected"]
+    assert r.at(step=9, layer=5).qk_format == "bf16"
+    assert r.at(step=10, layer=1).qk_format == "bf16"
+    assert r.at(step=10, layer=2) is r
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    qk=st.sampled_from(QK_FORMATS),
+    smoothing=st.sampled_from(SMOOTHINGS),
+    sparsity=st.sampled_from(SPARSITIES),
+    tau=st.floats(-5, 5, allow_nan=False),
+    block=st.integers(1, 512),
+    keep=st.floats(0.01, 1.0),
+    corr=st.booleans(),
+)
+def test_any_valid_recipe_round_trips(qk, smoothing, sparsity, tau, block, keep, corr):
+    kw = dict(qk_format=qk, smoothing=smoothing, sparsity=sparsity, sol_tau=tau, qk_block=block,
+              vsa_keep=keep, v_bias_correction=corr)
+    if corr and smoothing != "kv":
+        with pytest.raises(RecipeError, match="v_bias_correction"):
+            AttentionRecipe(**kw)
+        return
+    r = AttentionRecipe(**kw)
+    assert AttentionRecipe.from_json(r.to_json()) == r
+    assert get_recipe(r.to_string()) == r
