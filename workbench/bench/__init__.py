@@ -1,0 +1,1 @@
+"""Timing harness and side-by-side attention benchmarks (``workbench bench``)."""

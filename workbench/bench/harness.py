@@ -1,0 +1,91 @@
+"""Timing harness: CUDA-event medians with warm-up, rotating input sets, peak memory, ceilings.
+
+Every time here is ``triton.testing.do_bench(..., return_mode="median")`` (CUDA events around each
+call, warm-up first, L2 flushed between calls by do_bench). Callers rotate several input sets through
+``Rotating`` so no variant is timed on a buffer the L2 already holds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+
+import torch
+
+
+class Rotating:
+    """Cycle through input sets: ``fn(*rot.next())`` uses a different set on every call."""
+
+    def __init__(self, sets):
+        self.sets = list(sets)
+        self.i = 0
+
+    def next(self):
+        s = self.sets[self.i % len(self.sets)]
+        self.i += 1
+        return s
+
+
+def median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def peak_extra_gib(fn) -> float:
+    """Peak device memory allocated during one call, beyond what was allocated before it (GiB)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def env_info() -> dict:
+    info = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(device=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda,
+                    cudnn=torch.backends.cudnn.version())
+    try:
+        import cudnn
+
+        info["cudnn_frontend"] = getattr(cudnn, "__version__", "?")
+    except Exception:  # noqa: BLE001 - optional package, any import failure means absent
+        pass
+    return info
+
+
+def copy_bandwidth_tbs(n_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy rate, bytes read + written per second (TB/s)."""
+    x = torch.randn(n_bytes // 4, device="cuda")
+    y = torch.empty_like(x)
+    ms = median_ms(lambda: y.copy_(x))
+    return 2 * n_bytes / (ms * 1e-3) / 1e12
+
+
+def matmul_tflops(dtype: str = "bf16", n: int = 8192) -> float:
+    """Dense n^3 matmul rate on random data (bf16 torch.mm, or fp8 torch._scaled_mm)."""
+    a = torch.randn(n, n, device="cuda")
+    b = torch.randn(n, n, device="cuda")
+    if dtype == "bf16":
+        a, b = a.bfloat16(), b.bfloat16()
+        fn = lambda: a @ b  # noqa: E731
+    else:
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = b.to(torch.float8_e4m3fn).t()  # column-major second operand, as _scaled_mm needs
+        one = torch.ones((), device="cuda")
+        fn = lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16)  # noqa: E731
+    ms = median_ms(fn)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
