@@ -14,6 +14,7 @@ import sys
 SUBCOMMAND_MODULES = [
     "workbench.report.cli",  # table, recipes
     "workbench.capture.cli",  # capture, inspect, archive
+    "workbench.bench.cli",  # bench (GPU side-by-side timings)
 ]
 
 
