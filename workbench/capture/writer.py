@@ -235,6 +235,8 @@ class StoreWriter:
         attrs = dict(item.attrs, status=STATUS_WRITING, compressor=self.compressor)
         group = self.root.create_group(item.path, overwrite=True, attributes=attrs)
         for name, t in item.arrays.items():
+            if name != "q_rows" and not t.is_floating_point():
+                raise TypeError(f"array {name!r}: dtype {t.dtype} is not a storable float dtype")
             np_dt = stored_numpy_dtype(t.dtype) if t.is_floating_point() else np.dtype("int64")
             data = to_numpy_bits(t) if t.is_floating_point() else t.numpy().astype("int64")
             dims = DIMS if data.ndim == 4 else ("query_row",)
