@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = [
     "workbench.report.cli",  # table, recipes
     "workbench.capture.cli",  # capture, inspect, archive
     "workbench.bench.cli",  # bench (GPU side-by-side timings)
+    "workbench.generate.cli",  # generate, compare
 ]
 
 

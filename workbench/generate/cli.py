@@ -1,0 +1,134 @@
+"""``workbench generate`` and ``workbench compare``.
+
+    workbench generate --model h3-nano --prompt "a red ball bouncing" --seed 0 --steps 50 \\
+        --recipe fp8_sol_kv_corrected --dense-steps 10 --dense-layers 2 --out runs/fp8
+    workbench compare runs/bf16 runs/fp8 --out runs/cmp
+    workbench compare --recipes bf16,fp8_sol_unsmoothed,fp8_sol_kv_corrected --model h3-nano
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+DEFAULT_PROMPT = "a red ball bouncing"
+
+
+def _int_list(text: str | None) -> list[int] | None:
+    if text is None or text in ("all", ""):
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def _dtype(name: str, device: str):
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise ValueError(f"--dtype: unknown {name!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def _load(args):
+    import torch
+
+    from workbench.models import load_model
+
+    torch.set_num_threads(max(1, args.threads)) if args.threads else None
+    return load_model(args.model, device=args.device, dtype=_dtype(args.dtype, args.device))
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="h3-nano", help="h3-nano | h3-tiny | PATH (local only)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="names a class: red/green/blue/yellow")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=None, help="sigma grid points (default: model's)")
+    p.add_argument("--dense-steps", type=int, default=None, help="override the recipe's")
+    p.add_argument("--dense-layers", type=int, default=None, help="override the recipe's")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU) | ...")
+    p.add_argument("--backend", default=None, help="auto | reference | kernel")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def cmd_generate(args) -> int:
+    from .run import generate, write_clip
+
+    h3 = _load(args)
+    clip = generate(
+        h3, args.prompt, seed=args.seed, steps=args.steps, recipe=args.recipe,
+        dense_steps=args.dense_steps, dense_layers=args.dense_layers, backend=args.backend,
+        capture=args.capture, capture_layers=_int_list(args.layers),
+        capture_steps=_int_list(args.capture_steps), progress=not args.quiet,
+    )
+    out = write_clip(clip, args.out)
+    calls = clip.config["attention_calls"]
+    print(f"wrote {out} ({clip.video.shape[0]} frames, {clip.audio.numel()} audio samples) in "
+          f"{clip.config['seconds']:.1f} s; recipe {clip.config['recipe_string']}; "
+          f"attention calls replaced {calls['replaced_calls']} "
+          f"(dense policy {calls['dense_policy_calls']}), captured {calls['captured_calls']}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare_dirs, compare_recipes
+
+    if args.recipes:
+        if args.dirs:
+            raise ValueError("compare: give either two folders or --recipes, not both")
+        h3 = _load(args)
+        recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+        out = Path(args.out or "runs/compare")
+        t0 = time.perf_counter()
+        _, table = compare_recipes(
+            h3, recipes, prompt=args.prompt, seed=args.seed, steps=args.steps, out=out,
+            dense_steps=args.dense_steps, dense_layers=args.dense_layers, backend=args.backend,
+            progress=not args.quiet,
+        )
+        print(f"model {h3.name}, prompt {args.prompt!r}, seed {args.seed}, "
+              f"steps {args.steps or h3.config.default_steps}, device {args.device}; "
+              f"against {recipes[0]}:\n")
+        print(table)
+        print(f"\nwrote {out} in {time.perf_counter() - t0:.1f} s")
+        return 0
+    if len(args.dirs) != 2:
+        raise ValueError("compare: give two clip folders (A B) or --recipes r1,r2,...")
+    a, b = args.dirs
+    out = args.out or str(Path(b).parent / f"compare_{Path(a).name}_{Path(b).name}")
+    m = compare_dirs(a, b, out)
+    from workbench.metrics.media import media_table
+
+    print(media_table({Path(b).name: m}, Path(a).name))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def register(sub) -> None:
+    g = sub.add_parser("generate", help="generate a clip (mp4 + wav + config) with an attention recipe")
+    _model_args(g)
+    g.add_argument("--recipe", default="bf16",
+                   help="preset, 'preset:field=value', JSON, or 'native' (no replacement)")
+    g.add_argument("--out", required=True, help="output folder")
+    g.add_argument("--capture", default=None, metavar="STORE", help="also capture q/k/v here")
+    g.add_argument("--layers", default=None, help="capture layers, e.g. 0,2 or 0-3 (default all)")
+    g.add_argument("--capture-steps", "--steps-to-capture", dest="capture_steps", default=None,
+                   help="capture steps, e.g. 0,10,40 (default all)")
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("compare", help="frame/audio metrics of clips (two folders, or --recipes)")
+    c.add_argument("dirs", nargs="*", help="DIR_A DIR_B (metrics of B against A)")
+    c.add_argument("--recipes", default=None, help="generate with each, compare against the first")
+    c.add_argument("--out", default=None, help="output folder")
+    _model_args(c)
+    c.set_defaults(func=cmd_compare)
