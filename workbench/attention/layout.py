@@ -102,6 +102,9 @@ def check_qkv(
         )
     if not allow_nonfinite:
         for name, t in (("q", q), ("k", k), ("v", v)):
+            # one cheap reduction first; locate the culprit only when it is not finite
+            if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+                continue
             bad = ~torch.isfinite(t)
             if bool(bad.any()):
                 first = tuple(int(i) for i in bad.nonzero()[0])

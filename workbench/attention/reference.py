@@ -133,21 +133,30 @@ def _attend(
     if exact_keys is not None:
         key_chunk = max(blk, key_chunk // blk * blk)
 
-    def key_mask(s0: int, s1: int) -> torch.Tensor | None:
+    def scores(s0: int, s1: int) -> torch.Tensor:
+        """Masked scores in the log2 domain for keys [s0, s1): [B, H, n, s1 - s0]."""
+        s = (qs @ k[:, :, s0:s1].transpose(-1, -2)) * c
         if exact_keys is None:
-            return None
+            return s
+        if (s1 - s0) % blk == 0:  # block view: mask whole key blocks without a gather
+            nb = (s1 - s0) // blk
+            keep = exact_keys[..., s0 // blk : s0 // blk + nb, None]
+            return s.view(B, H, n, nb, blk).masked_fill(~keep, -math.inf).view(B, H, n, -1)
         kb = torch.arange(s0, s1, device=qs.device) // blk
-        return exact_keys[..., kb]  # [B, H, n, chunk]
+        return s.masked_fill(~exact_keys[..., kb], -math.inf)
+
+    # Scores are kept between the passes when they fit a modest budget (64 sampled rows against
+    # the live context: ~33 MB per head), else recomputed.
+    cache_ok = n * S * H * B <= 32 * 2**20
+    cache: dict[int, torch.Tensor] = {}
 
     # Pass 1: the row max over exact keys and summary scores.
     dt = qs.dtype
     m = torch.full((B, H, n), -math.inf, device=qs.device, dtype=dt)
     for s0 in range(0, S, key_chunk):
-        s1 = min(S, s0 + key_chunk)
-        s = (qs @ k[:, :, s0:s1].transpose(-1, -2)) * c
-        mask = key_mask(s0, s1)
-        if mask is not None:
-            s = s.masked_fill(~mask, -math.inf)
+        s = scores(s0, min(S, s0 + key_chunk))
+        if cache_ok:
+            cache[s0] = s
         m = torch.maximum(m, s.amax(-1))
     if summary is not None:
         kc, vc, blen = summary
@@ -155,16 +164,13 @@ def _attend(
         ss = ss.masked_fill(exact_keys, -math.inf)
         m = torch.maximum(m, ss.amax(-1))
 
-    # Pass 2: P = 2^(s - m); l sums the FP32 P, PV uses the quantized P.
+    # Pass 2: P = 2^(s - m); the row sum takes the FP32 P, PV uses the quantized P.
     row_sum = torch.zeros((B, H, n), device=qs.device, dtype=dt)
     acc = torch.zeros((B, H, n, D), device=qs.device, dtype=dt)
     state: dict = {}
     for s0 in range(0, S, key_chunk):
         s1 = min(S, s0 + key_chunk)
-        s = (qs @ k[:, :, s0:s1].transpose(-1, -2)) * c
-        mask = key_mask(s0, s1)
-        if mask is not None:
-            s = s.masked_fill(~mask, -math.inf)
+        s = cache.pop(s0) if cache_ok else scores(s0, s1)
         p = torch.exp2(s - m[..., None])
         row_sum += p.sum(-1)
         acc += _pv(_quantize_p(p, recipe).to(dt), v[:, :, s0:s1], recipe, state)
@@ -193,6 +199,7 @@ def recipe_attention(
     key_chunk: int = 4096,
     query_chunk: int = 1024,
     return_block_map: bool = False,
+    _checked: bool = False,
 ) -> AttentionResult:
     """Run `recipe` on q [B, S, H, D], k/v [B, S, Hkv, D] for the rows in `query_index`.
 
@@ -201,7 +208,11 @@ def recipe_attention(
     scale: softmax scale, default 1/sqrt(D).
     """
     recipe = get_recipe(recipe).at(step, layer)
-    B, S, H, Hkv, D = check_qkv(q, k, v)
+    if _checked:
+        B, S, H, D = q.shape
+        Hkv = k.shape[2]
+    else:
+        B, S, H, Hkv, D = check_qkv(q, k, v)
     if k.shape[1] != S:
         raise ValueError(f"k: sequence length {k.shape[1]} does not match q's {S} (self-attention)")
     layout = layout or SegmentLayout.all_video(S)
@@ -278,7 +289,7 @@ def recipe_attention(
         if bool(prefix_rows.any()):
             pre = recipe_attention(
                 q, k, v, PRESETS["bf16"], query_index=idx[prefix_rows], layout=layout,
-                scale=scale, key_chunk=key_chunk, query_chunk=query_chunk,
+                scale=scale, key_chunk=key_chunk, query_chunk=query_chunk, _checked=True,
             )
             out[:, prefix_rows] = pre.out.to(out.dtype)
             lse[:, prefix_rows] = pre.lse.to(lse.dtype)

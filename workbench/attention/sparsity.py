@@ -24,10 +24,15 @@ def block_reduce(x: torch.Tensor, block: int, op: str = "mean") -> tuple[torch.T
     B, S, H, D = x.shape
     nb = math.ceil(S / block)
     pad = nb * block - S
-    xf = x if x.dtype == torch.float64 else x.float()
-    xp = torch.nn.functional.pad(xf, (0, 0, 0, 0, 0, pad)) if pad else xf
-    sums = xp.view(B, nb, block, H, D).sum(dim=2).transpose(1, 2)  # [B, H, nb, D]
-    lens = torch.full((nb,), float(block), device=x.device, dtype=xf.dtype)
+    dt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    full = S // block
+    # sum the whole blocks through a view, the partial tail separately (no padded copy)
+    sums = x[:, : full * block].reshape(B, full, block, H, D).sum(dim=2, dtype=dt)
+    if pad:
+        tail = x[:, full * block :].sum(dim=1, dtype=dt)[:, None]
+        sums = torch.cat([sums, tail], 1)
+    sums = sums.transpose(1, 2)  # [B, H, nb, D]
+    lens = torch.full((nb,), float(block), device=x.device, dtype=dt)
     lens[-1] = S - (nb - 1) * block
     if op == "sum":
         return sums, lens

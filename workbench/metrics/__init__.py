@@ -9,7 +9,14 @@ from .boundaries import (
     error_along_tokens,
     token_mean_drift,
 )
-from .tensor import METRICS, benefit_pct, bootstrap_benefit, error_stats, per_head
+from .tensor import (
+    METRICS,
+    benefit_pct,
+    bootstrap_benefit,
+    error_stats,
+    per_head,
+    stats_overall_and_per_head,
+)
 
 __all__ = [
     "BOUNDARIES",
@@ -23,5 +30,6 @@ __all__ = [
     "error_along_tokens",
     "error_stats",
     "per_head",
+    "stats_overall_and_per_head",
     "token_mean_drift",
 ]

@@ -17,7 +17,7 @@ import torch
 from workbench.attention.layout import SegmentLayout
 from workbench.attention.reference import AttentionResult
 
-from .tensor import error_stats, per_head
+from .tensor import stats_overall_and_per_head
 
 BOUNDARIES = ("quanted_q", "quanted_k", "dequanted_v", "v_mean", "attention_output")
 BOUNDARY_LABELS = {
@@ -58,8 +58,9 @@ def boundary_metrics(
     res: AttentionResult, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ref_out: torch.Tensor
 ) -> BoundaryMetrics:
     tensors = boundary_tensors(res, q, k, v, ref_out)
-    overall = {b: error_stats(x, r) for b, (x, r) in tensors.items()}
-    heads = {b: per_head(x, r) for b, (x, r) in tensors.items()}
+    overall, heads = {}, {}
+    for b, (x, r) in tensors.items():
+        overall[b], heads[b] = stats_overall_and_per_head(x, r)
     row_err = (res.out.double() - ref_out.double()).pow(2).mean(dim=(0, 2, 3))
     return BoundaryMetrics(overall=overall, heads=heads, row_sq_err=row_err)
 

@@ -13,33 +13,70 @@ import torch
 METRICS = ("mse", "rel_l2", "cosine", "sqnr_db", "max_abs")
 
 
-def error_stats(x: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
-    """All METRICS of x against ref over every element."""
+def _moments(x: torch.Tensor, ref: torch.Tensor, dims) -> dict[str, torch.Tensor]:
+    """Sums needed by every metric, reduced over `dims` with float64 accumulation.
+
+    float64 inputs stay float64; others are differenced in float32 (exact for the small
+    differences that matter here up to 2^-24 relative) and summed in float64, which keeps the
+    cost of a pass over a full K or V low.
+    """
     if x.shape != ref.shape:
         raise ValueError(f"error_stats: shapes differ, {tuple(x.shape)} vs ref {tuple(ref.shape)}")
-    x = x.double().flatten()
-    ref = ref.double().flatten()
+    dt = torch.float64 if torch.float64 in (x.dtype, ref.dtype) else torch.float32
+    x = x.to(dt)
+    ref = ref.to(dt)
     d = x - ref
-    err = float(d.norm())
-    nref = float(ref.norm())
-    nx = float(x.norm())
+    f64 = torch.float64
+    n = 1
+    for i in dims:
+        n *= x.shape[i]
     return {
-        "mse": float(d.pow(2).mean()),
-        "rel_l2": err / nref if nref > 0 else (0.0 if err == 0 else math.inf),
-        "cosine": float(x @ ref) / (nx * nref) if nx > 0 and nref > 0 else float(err == 0),
-        "sqnr_db": 20 * math.log10(nref / err) if err > 0 else math.inf,
-        "max_abs": float(d.abs().max()),
+        "d2": (d * d).sum(dim=dims, dtype=f64),
+        "r2": (ref * ref).sum(dim=dims, dtype=f64),
+        "x2": (x * x).sum(dim=dims, dtype=f64),
+        "xr": (x * ref).sum(dim=dims, dtype=f64),
+        "maxd": d.abs().amax(dim=dims).to(f64),
+        "n": torch.tensor(float(n), dtype=f64),
     }
+
+
+def _from_moments(d2, r2, x2, xr, maxd, n) -> dict[str, float]:
+    d2, r2, x2, xr, maxd, n = (float(t) for t in (d2, r2, x2, xr, maxd, n))
+    err, nref, nx = math.sqrt(d2), math.sqrt(r2), math.sqrt(x2)
+    return {
+        "mse": d2 / n,
+        "rel_l2": err / nref if nref > 0 else (0.0 if err == 0 else math.inf),
+        "cosine": xr / (nx * nref) if nx > 0 and nref > 0 else float(err == 0),
+        "sqnr_db": 20 * math.log10(nref / err) if err > 0 else math.inf,
+        "max_abs": maxd,
+    }
+
+
+def error_stats(x: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """All METRICS of x against ref over every element."""
+    m = _moments(x.reshape(-1), ref.reshape(-1), (0,))
+    return _from_moments(**m)
 
 
 def per_head(x: torch.Tensor, ref: torch.Tensor, head_dim: int = 2) -> dict[str, list[float]]:
     """METRICS per head (index `head_dim` of [B, S, H, D]). Returns {metric: [value per head]}."""
-    out: dict[str, list[float]] = {m: [] for m in METRICS}
+    return stats_overall_and_per_head(x, ref, head_dim)[1]
+
+
+def stats_overall_and_per_head(
+    x: torch.Tensor, ref: torch.Tensor, head_dim: int = 2
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """(overall METRICS, {metric: [per head]}) from one pass over the tensors."""
+    dims = tuple(i for i in range(x.dim()) if i != head_dim)
+    m = _moments(x, ref, dims)
+    heads: dict[str, list[float]] = {k: [] for k in METRICS}
     for h in range(x.shape[head_dim]):
-        s = error_stats(x.select(head_dim, h), ref.select(head_dim, h))
-        for m in METRICS:
-            out[m].append(s[m])
-    return out
+        s = _from_moments(m["d2"][h], m["r2"][h], m["x2"][h], m["xr"][h], m["maxd"][h], m["n"])
+        for k in METRICS:
+            heads[k].append(s[k])
+    overall = _from_moments(m["d2"].sum(), m["r2"].sum(), m["x2"].sum(), m["xr"].sum(),
+                            m["maxd"].max(), m["n"] * x.shape[head_dim])
+    return overall, heads
 
 
 def benefit_pct(a: float, b: float) -> float:
