@@ -91,3 +91,17 @@ def test_demo_quick_writes_table(tmp_path):
     assert rc == 0
     assert (tmp_path / "accuracy_table.md").read_text().startswith("### Smooth Attention")
     assert "boundaries" in json.loads((tmp_path / "accuracy_table.json").read_text())
+
+
+def test_table_on_shipped_capture(tmp_path, capsys):
+    store = ROOT / "captures" / "demo_h3_tiny.zarr"
+    if not store.exists():
+        store = next((ROOT / "captures").glob("*.zarr"))
+    out = tmp_path / "t.json"
+    assert main(["table", "--store", str(store), "--step", "0", "--layer", "1",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["boundaries"]["v_mean"]["mse_b"] < 1e-9 < data["boundaries"]["v_mean"]["mse_a"]
+    assert main(["table", "--store", str(store), "--step", "0", "--layer", "99"]) == 2
+    err = capsys.readouterr().err
+    assert "no entry at step=0 layer=99" in err and not err.split("error: ")[1].startswith("'")

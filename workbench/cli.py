@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         # Bad input: one clear line naming the problem, no traceback.
-        print(f"workbench {args.command}: error: {exc}", file=sys.stderr)
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"workbench {args.command}: error: {msg}", file=sys.stderr)
         return 2
 
 

@@ -27,13 +27,22 @@ def _int_list(text: str) -> list[int]:
 
 def load_table_input(args) -> dict:
     """q, k, v, layout, source string and head labels from --synthetic or --store."""
-    heads = _int_list(args.heads)
+    heads = _int_list(args.heads) if args.heads else [0, 1, 2, 3]
     if args.store:
         from workbench.capture import open_capture
 
         if args.step is None or args.layer is None:
             raise ValueError("--store needs --step and --layer (see `workbench inspect STORE`)")
         cap = open_capture(args.store)
+        entry = cap.find(args.step, args.layer)
+        if not args.heads:  # default: the seed's heads 0-3, or as many as were captured
+            heads = list(cap.root[entry.path].attrs["q_heads"])[:4]
+        if cap.query_rows(args.step, args.layer) is not None:
+            raise ValueError(
+                f"{args.store}: entry step={args.step} layer={args.layer} kept only some query "
+                "rows; the table needs every Q row (Q scales are per 64-row block): capture "
+                "this layer with query_rows=None"
+            )
         q, k, v = cap.qkv(args.step, args.layer, heads=heads, device=args.device)
         rotated = int(cap.attrs.get("rotated_channels", 96)) if hasattr(cap, "attrs") else 96
         return dict(q=q, k=k, v=v, layout=cap.layout, heads=None, head_labels=heads,
@@ -98,7 +107,8 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--store", default=None, help="capture store (zarr) to read an entry from")
     p.add_argument("--step", type=int, default=None, help="step index of the store entry")
     p.add_argument("--layer", type=int, default=None, help="layer index of the store entry")
-    p.add_argument("--heads", default="0-3", help="query heads, e.g. 0-3 or 0,5,9 (default 0-3)")
+    p.add_argument("--heads", default=None,
+                   help="query heads, e.g. 0-3 or 0,5,9 (default 0-3, or the captured ones)")
     p.add_argument("--queries", type=int, default=64, help="evenly spaced query rows (default 64)")
     p.add_argument("--seed", type=int, default=0, help="synthetic seed (default 0)")
     p.add_argument("--drift", type=float, default=0.0, help="synthetic mean drift amplitude")
