@@ -1,0 +1,440 @@
+"""Figure builders: pure functions from data (metric dicts, tensors, bench JSON) to plotly figures.
+
+No Jupyter here: every builder returns a ``go.Figure`` whose trace values are the numbers it was
+given (the unit tests read them back), with hover templates that show exact values. Widgets wrap
+these figures in ``go.FigureWidget`` and update their traces in place.
+
+Colour code used throughout: recipe A (baseline) grey-blue, recipe B (candidate) orange; segments
+text / conditioning / audio / video shaded with fixed colours; rotated vs pass-through channels
+marked with a shaded pass-through region.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+RECIPE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"]
+SEGMENT_COLORS = {
+    "text": "rgba(76,114,176,0.13)",
+    "conditioning": "rgba(129,114,179,0.13)",
+    "audio": "rgba(85,168,104,0.15)",
+    "video": "rgba(221,132,82,0.08)",
+}
+METRIC_LABELS = {
+    "mse": "MSE",
+    "rel_l2": "relative L2",
+    "cosine": "cosine",
+    "sqnr_db": "SQNR (dB)",
+    "max_abs": "max abs error",
+}
+TEMPLATE = "plotly_white"
+_TEMPLATE_OVERRIDE: list[str] = []
+
+
+@contextlib.contextmanager
+def template_override(name: str = "none"):
+    """Build figures with another template (widgets use "none": their FigureWidget already holds
+    the real template, and validating a full template costs ~20 ms per figure)."""
+    _TEMPLATE_OVERRIDE.append(name)
+    try:
+        yield
+    finally:
+        _TEMPLATE_OVERRIDE.pop()
+
+
+def _tpl() -> str:
+    return _TEMPLATE_OVERRIDE[-1] if _TEMPLATE_OVERRIDE else TEMPLATE
+
+
+def _np(x) -> np.ndarray:
+    """Tensor / list / array -> float64 numpy (CPU)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _finite_or_none(a: np.ndarray) -> list:
+    """JSON-safe list: inf / nan become None (plotly draws a gap), everything else exact."""
+    return [float(v) if math.isfinite(v) else None for v in np.asarray(a, dtype=float).ravel()]
+
+
+def _color(i: int) -> str:
+    return RECIPE_COLORS[i % len(RECIPE_COLORS)]
+
+
+# -- per-head error heatmap ---------------------------------------------------------------------
+def per_head_heatmap(
+    values,
+    *,
+    layers: Sequence[int],
+    heads: Sequence[int],
+    metric: str = "mse",
+    boundary: str = "attention_output",
+    recipe: str = "",
+    log_color: bool | None = None,
+) -> go.Figure:
+    """Layer x head heatmap of one metric at one boundary.
+
+    values: [n_layers, n_heads] (array, tensor or nested lists), values[i][j] for layers[i],
+    heads[j]. The colour is log10 of the value for error metrics spanning decades (log_color=None
+    decides: positive values over more than 2 decades); the hover always shows the exact value.
+    """
+    z = _np(values)
+    if z.shape != (len(layers), len(heads)):
+        raise ValueError(f"per_head_heatmap: values shape {z.shape} != (layers {len(layers)}, "
+                         f"heads {len(heads)})")
+    fin = z[np.isfinite(z)]
+    if log_color is None:
+        log_color = bool(fin.size and (fin > 0).all() and fin.max() / fin.min() > 100)
+    color = np.log10(np.where(z > 0, z, np.nan)) if log_color else z
+    label = METRIC_LABELS.get(metric, metric)
+    fig = go.Figure(go.Heatmap(
+        z=[_finite_or_none(r) for r in color],
+        x=[str(h) for h in heads],
+        y=[str(lay) for lay in layers],
+        customdata=[_finite_or_none(r) for r in z],
+        colorscale="Viridis",
+        colorbar=dict(title=("log10 " if log_color else "") + label),
+        hovertemplate="layer %{y}, head %{x}<br>" + label + " = %{customdata:.6e}<extra></extra>",
+        name=recipe or metric,
+    ))
+    fig.update_layout(
+        template=_tpl(),
+        title=f"{label} per head at {boundary}" + (f" ({recipe})" if recipe else ""),
+        xaxis_title="head", yaxis_title="layer", xaxis_type="category", yaxis_type="category",
+    )
+    return fig
+
+
+# -- boundary bars --------------------------------------------------------------------------------
+def boundary_bars(
+    results: Mapping[str, Mapping[str, float]],
+    *,
+    boundaries: Sequence[str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    metric: str = "mse",
+    log_y: bool = True,
+) -> go.Figure:
+    """Grouped bars: one group per boundary, one bar per recipe (the seed table as a figure).
+
+    results: {recipe name: {boundary: value}} for two or more recipes.
+    """
+    if len(results) < 1:
+        raise ValueError("boundary_bars: give at least one recipe")
+    names = list(results)
+    bds = list(boundaries or next(iter(results.values())).keys())
+    labels = labels or {}
+    fig = go.Figure()
+    for i, name in enumerate(names):
+        y = [results[name].get(b, float("nan")) for b in bds]
+        fig.add_bar(
+            name=name, x=[labels.get(b, b) for b in bds], y=_finite_or_none(np.array(y)),
+            marker_color=_color(i),
+            hovertemplate="%{x}<br>" + name + ": %{y:.6e}<extra></extra>",
+        )
+    fig.update_layout(
+        template=_tpl(), barmode="group", title=f"{METRIC_LABELS.get(metric, metric)} per boundary",
+        yaxis_title=METRIC_LABELS.get(metric, metric), legend_title="recipe",
+    )
+    if log_y:
+        fig.update_yaxes(type="log", exponentformat="e")
+    return fig
+
+
+# -- token-mean drift per channel -----------------------------------------------------------------
+def drift_per_channel(
+    drift: Mapping[str, object],
+    *,
+    rotated: int = 96,
+    tensor: str = "K",
+    log_y: bool = True,
+) -> go.Figure:
+    """|mean_t(dequant(x)) - mean_t(x)| per channel, one line per recipe.
+
+    drift: {recipe name: per-channel drift [D]} (e.g. token_mean_drift(...)["per_channel"] averaged
+    over batch and heads). Rotated channels 0..rotated-1 and pass-through channels rotated..D-1 are
+    separate traces (solid vs dotted) over a shaded pass-through region, because RoPE rotates only
+    the first `rotated` channels and their statistics differ.
+    """
+    fig = go.Figure()
+    D = 0
+    for i, (name, d) in enumerate(drift.items()):
+        d = _np(d).reshape(-1)
+        D = max(D, d.size)
+        ch = np.arange(d.size)
+        for part, sl, dash in (("rotated", ch < rotated, "solid"),
+                               ("pass-through", ch >= rotated, "dot")):
+            if not sl.any():
+                continue
+            fig.add_scatter(
+                x=ch[sl].tolist(), y=_finite_or_none(d[sl]), mode="lines+markers",
+                marker_size=3, line=dict(color=_color(i), dash=dash),
+                name=f"{name}, {part}", legendgroup=name,
+                hovertemplate="channel %{x}<br>drift %{y:.4e}<extra>" + name + f" ({part})</extra>",
+            )
+    if 0 < rotated < D:
+        fig.add_vrect(x0=rotated - 0.5, x1=D - 0.5, fillcolor="rgba(120,120,120,0.12)",
+                      line_width=0, annotation_text=f"pass-through {rotated}-{D - 1}",
+                      annotation_position="top left")
+    fig.update_layout(
+        template=_tpl(), title=f"{tensor} token-mean drift per channel "
+                                 f"(rotated 0-{rotated - 1} vs pass-through)",
+        xaxis_title="channel", yaxis_title="|mean(dequant) - mean| (abs)",
+    )
+    if log_y:
+        fig.update_yaxes(type="log", exponentformat="e")
+    return fig
+
+
+# -- error along the token axis -------------------------------------------------------------------
+def error_along_tokens(
+    curves: Mapping[str, Mapping[str, list]],
+    *,
+    bands: Sequence[tuple[str, int, int]] | None = None,
+    metric: str = "mse",
+    log_y: bool = True,
+) -> go.Figure:
+    """Output error per sampled query row, one line per recipe, with the segments shaded.
+
+    curves: {recipe name: workbench.metrics.error_along_tokens(...) dict} (keys "row", metric,
+    "segment", "bands"). bands: [(segment, start, stop)]; default: the first curve's bands.
+    """
+    fig = go.Figure()
+    for i, (name, c) in enumerate(curves.items()):
+        seg = c.get("segment") or [""] * len(c["row"])
+        fig.add_scatter(
+            x=list(c["row"]), y=_finite_or_none(np.array(c[metric])), mode="lines+markers",
+            marker_size=4, line_color=_color(i), name=name, customdata=list(seg),
+            hovertemplate="row %{x} (%{customdata})<br>" + METRIC_LABELS.get(metric, metric)
+                          + " %{y:.4e}<extra>" + name + "</extra>",
+        )
+    if bands is None and curves:
+        bands = next(iter(curves.values())).get("bands")
+    for seg, a, b in bands or []:
+        fig.add_vrect(x0=a - 0.5, x1=b - 0.5, fillcolor=SEGMENT_COLORS.get(seg, "rgba(0,0,0,0.05)"),
+                      line_width=0, layer="below", annotation_text=seg,
+                      annotation_position="top left")
+    fig.update_layout(
+        template=_tpl(), title=f"Attention output {METRIC_LABELS.get(metric, metric)} along "
+                                 "the sequence",
+        xaxis_title="query row (packed sequence position)",
+        yaxis_title=METRIC_LABELS.get(metric, metric),
+    )
+    if log_y:
+        fig.update_yaxes(type="log", exponentformat="e")
+    return fig
+
+
+def band_shapes(bands: Sequence[tuple[str, int, int]]) -> list[dict]:
+    """Layout shapes for segment bands (used by widgets to replace the shading in place)."""
+    return [dict(type="rect", xref="x", yref="paper", x0=a - 0.5, x1=b - 0.5, y0=0, y1=1,
+                 fillcolor=SEGMENT_COLORS.get(s, "rgba(0,0,0,0.05)"), line_width=0, layer="below")
+            for s, a, b in bands]
+
+
+# -- Sol routing map ------------------------------------------------------------------------------
+def routing_map(
+    block_map,
+    *,
+    block: int = 64,
+    exact_fraction: float | None = None,
+    title: str = "Sol routing",
+    bands: Sequence[tuple[str, int, int]] | None = None,
+) -> go.Figure:
+    """Query block x key block map of the routes: 1 = exact, 0 = summary (Sol) / skipped (VSA).
+
+    block_map: [nq, nk] bool (one batch, one head; or pre-averaged over heads, then values are the
+    fraction of heads routing the pair exactly). exact_fraction defaults to the map's mean.
+    """
+    m = _np(block_map)
+    if m.ndim != 2:
+        raise ValueError(f"routing_map: expected [n_qblocks, n_kblocks], got shape {m.shape}")
+    frac = float(m.mean()) if exact_fraction is None else float(exact_fraction)
+    fig = go.Figure(go.Heatmap(
+        z=m.tolist(), zmin=0, zmax=1,
+        colorscale=[[0, "#f1f1f1"], [1, "#DD8452"]],
+        colorbar=dict(title="exact", tickvals=[0, 1], ticktext=["summary", "exact"]),
+        hovertemplate="query block %{y}, key block %{x}<br>exact %{z:.3f}<extra></extra>",
+    ))
+    prefix = max((b for seg, _, b in bands or [] if seg != "video"), default=0)
+    if prefix:  # the sink: key blocks holding prefix rows are always exact
+        fig.add_vline(x=prefix / block - 0.5, line_dash="dot", line_color="#555",
+                      annotation_text="prefix | video", annotation_position="top right")
+    fig.update_layout(
+        template=_tpl(), title=f"{title}: exact-route fraction {frac:.4f}",
+        xaxis_title=f"key block ({block} rows)", yaxis_title=f"query block ({block} rows)",
+    )
+    fig.update_yaxes(autorange="reversed", scaleanchor="x")
+    return fig
+
+
+# -- frames ---------------------------------------------------------------------------------------
+def _frame_img(x) -> np.ndarray:
+    """[3, H, W] float in [0, 1] -> [H, W, 3] uint8."""
+    a = _np(x)
+    return (np.clip(a, 0, 1).transpose(1, 2, 0) * 255 + 0.5).astype(np.uint8)
+
+
+def frame_grid(
+    video_a,
+    video_b,
+    *,
+    frames: Sequence[int] | None = None,
+    names: tuple[str, str] = ("A", "B"),
+    max_frames: int = 4,
+) -> go.Figure:
+    """Rows = frames; columns = variant A, variant B, |A - B| (mean over RGB) heatmap.
+
+    video_a, video_b: [T, 3, H, W] float in [0, 1], same shape.
+    """
+    a, b = _np(video_a), _np(video_b)
+    if a.shape != b.shape:
+        raise ValueError(f"frame_grid: shapes differ {a.shape} vs {b.shape}")
+    T = a.shape[0]
+    if frames is None:
+        frames = sorted({int(round(x)) for x in np.linspace(0, T - 1, min(max_frames, T))})
+    diff_all = np.abs(a - b).mean(axis=1)  # [T, H, W]
+    zmax = float(diff_all[list(frames)].max()) or 1e-12
+    titles = []
+    for f in frames:
+        titles += [f"{names[0]} frame {f}", f"{names[1]} frame {f}", f"|diff| frame {f}"]
+    fig = make_subplots(rows=len(frames), cols=3, subplot_titles=titles,
+                        horizontal_spacing=0.03, vertical_spacing=0.06)
+    for r, f in enumerate(frames, start=1):
+        fig.add_trace(go.Image(z=_frame_img(a[f]), hoverinfo="skip"), row=r, col=1)
+        fig.add_trace(go.Image(z=_frame_img(b[f]), hoverinfo="skip"), row=r, col=2)
+        fig.add_trace(go.Heatmap(
+            z=diff_all[f].tolist(), zmin=0, zmax=zmax, colorscale="Magma", showscale=(r == 1),
+            colorbar=dict(title="|diff|", len=0.5, y=1, yanchor="top"),
+            hovertemplate="x %{x}, y %{y}<br>|diff| %{z:.4f}<extra></extra>",
+        ), row=r, col=3)
+        fig.update_yaxes(autorange="reversed", scaleanchor=f"x{3 * (r - 1) + 3}", row=r, col=3)
+    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False)
+    fig.update_layout(template=_tpl(), title=f"Frames: {names[0]} vs {names[1]}",
+                      height=260 * len(frames) + 80, margin=dict(l=20, r=20, t=80, b=20))
+    return fig
+
+
+def frame_metric_curves(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> go.Figure:
+    """Per-frame PSNR (dB), SSIM and cosine, one line per variant (all against the reference).
+
+    curves: {variant: {"psnr_db": [...], "ssim": [...], "cosine": [...]}}
+    (``workbench.metrics.media.compare_media(...)["curves"]``).
+    """
+    keys = [("psnr_db", "PSNR (dB)"), ("ssim", "SSIM"), ("cosine", "cosine")]
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=[k[1] for k in keys])
+    for i, (name, c) in enumerate(curves.items()):
+        for r, (k, label) in enumerate(keys, start=1):
+            y = _np(c[k])
+            fig.add_scatter(x=list(range(y.size)), y=_finite_or_none(y), mode="lines+markers",
+                            name=name, legendgroup=name, showlegend=(r == 1),
+                            line_color=_color(i), marker_size=4, row=r, col=1,
+                            hovertemplate="frame %{x}<br>" + label + " %{y:.6g}<extra>" + name
+                                          + "</extra>")
+    fig.update_xaxes(title_text="frame", row=3, col=1)
+    fig.update_layout(template=_tpl(), title="Per-frame metrics against the reference",
+                      height=620)
+    return fig
+
+
+def log_power_spectrogram(wave, n_fft: int = 256) -> np.ndarray:
+    """10 log10(|STFT|^2 + 1e-10) [freq, frames], Hann window, hop n_fft / 4 (like the LSD)."""
+    import torch
+
+    w = torch.as_tensor(_np(wave)).reshape(-1)
+    spec = torch.stft(w, n_fft=n_fft, hop_length=n_fft // 4, window=torch.hann_window(
+        n_fft, dtype=w.dtype), return_complex=True)
+    return (10 * torch.log10(spec.abs() ** 2 + 1e-10)).numpy()
+
+
+def audio_comparison(
+    wave_a,
+    wave_b,
+    *,
+    sample_rate: int,
+    names: tuple[str, str] = ("A", "B"),
+    n_fft: int = 256,
+) -> go.Figure:
+    """Top: both waveforms over time. Bottom: log-power spectrogram difference B - A (dB)."""
+    a, b = _np(wave_a).reshape(-1), _np(wave_b).reshape(-1)
+    n = min(a.size, b.size)
+    a, b = a[:n], b[:n]
+    t = np.arange(n) / sample_rate
+    sa, sb = log_power_spectrogram(a, n_fft), log_power_spectrogram(b, n_fft)
+    d = sb - sa
+    lim = float(np.abs(d).max()) or 1.0
+    freqs = np.arange(sa.shape[0]) * sample_rate / n_fft
+    times = np.arange(sa.shape[1]) * (n_fft // 4) / sample_rate
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.12,
+                        subplot_titles=["waveforms", f"spectrogram difference {names[1]} - "
+                                                     f"{names[0]} (dB)"])
+    for i, (name, w) in enumerate(((names[0], a), (names[1], b))):
+        fig.add_scatter(x=t.tolist(), y=w.tolist(), mode="lines", name=name, line_color=_color(i),
+                        line_width=1, opacity=0.8, row=1, col=1)
+    fig.add_trace(go.Heatmap(z=d.tolist(), x=times.tolist(), y=freqs.tolist(), zmid=0,
+                             zmin=-lim, zmax=lim, colorscale="RdBu_r",
+                             colorbar=dict(title="dB", len=0.45, y=0, yanchor="bottom"),
+                             hovertemplate="t %{x:.3f} s, f %{y:.0f} Hz<br>%{z:.2f} dB"
+                                           "<extra></extra>"), row=2, col=1)
+    fig.update_xaxes(title_text="time (s)", row=1, col=1)
+    fig.update_xaxes(title_text="time (s)", row=2, col=1)
+    fig.update_yaxes(title_text="amplitude", row=1, col=1)
+    fig.update_yaxes(title_text="frequency (Hz)", row=2, col=1)
+    fig.update_layout(template=_tpl(), title=f"Audio: {names[0]} vs {names[1]}", height=620)
+    return fig
+
+
+# -- kernel benchmark -----------------------------------------------------------------------------
+def kernel_bench(
+    report: Mapping,
+    *,
+    modes: Sequence[str] = ("full", "kernel"),
+    y: str = "tflops",
+    ceilings: bool = True,
+) -> go.Figure:
+    """TFLOP/s (or ms) against sequence length, one line per (variant, mode), from bench JSON.
+
+    report: ``workbench bench --json`` output ({"env", "ceilings", "rows": [{"S", "variant",
+    "mode", "ms", "tflops", ...}]}). Ceilings (bf16 / fp8 matmul rate) are drawn as dashed lines.
+    """
+    rows = [r for r in report.get("rows", []) if r.get("mode") in modes]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["variant"], r["mode"]), []).append(r)
+    fig = go.Figure()
+    for i, ((variant, mode), rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: r["S"])
+        fig.add_scatter(
+            x=[r["S"] for r in rs], y=[r[y] for r in rs], mode="lines+markers",
+            name=f"{variant} ({mode})", line=dict(color=_color(i),
+                                                   dash="solid" if mode == "full" else "dash"),
+            customdata=[[r["ms"], r.get("rel_l2", float("nan"))] for r in rs],
+            hovertemplate="S %{x}<br>%{y:.1f} " + ("TFLOP/s" if y == "tflops" else y)
+                          + "<br>%{customdata[0]:.3f} ms, rel-L2 %{customdata[1]:.3e}<extra>"
+                          + f"{variant} ({mode})</extra>",
+        )
+    c = report.get("ceilings") or {}
+    if ceilings and y == "tflops":
+        for key, label in (("bf16_mm_tflops", "bf16 matmul"), ("fp8_mm_tflops", "fp8 matmul")):
+            if key in c:
+                fig.add_hline(y=c[key], line_dash="dot", line_color="#888",
+                              annotation_text=f"{label} {c[key]:.0f}", annotation_position="right")
+    env = report.get("env") or {}
+    sub = ", ".join(str(env[k]) for k in ("device", "torch", "date") if env.get(k))
+    fig.update_layout(
+        template=_tpl(), title="Attention forward: " + ("TFLOP/s" if y == "tflops" else y)
+                                 + " against sequence length" + (f"<br><sub>{sub}</sub>" if sub
+                                                                  else ""),
+        xaxis_title="sequence length S", yaxis_title="TFLOP/s (4·B·H·S²·D / time)"
+        if y == "tflops" else y,
+    )
+    fig.update_xaxes(type="log")
+    return fig

@@ -1,0 +1,327 @@
+"""Smoothing explorer: a thin ipywidgets 8 layer over ``compute`` and ``figures``.
+
+Every control change rebuilds recipe B (A stays the chosen preset), recomputes both on the
+reference path (CPU by default, CUDA when present) against one float64 dense reference, and updates
+the ``go.FigureWidget`` traces in place inside ``fig.batch_update()``. Sliders fire on release
+(``continuous_update=False``): that is the debounce; untick "auto" to batch several changes and
+press "Run". A progress bar and a status line say what is running; the readout table holds the
+numbers (each cell carries ``data-key="A.output_mse"`` etc., which the browser test reads).
+"""
+
+from __future__ import annotations
+
+import html
+import time
+import traceback
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from workbench.metrics import BOUNDARY_LABELS, benefit_pct
+from workbench.recipes import PRESETS, get_recipe
+
+from . import figures as F
+from .compute import ReplaySource, evaluate_recipes, layer_head_grid, shipped_stores
+
+TABLE_BOUNDARIES = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
+READOUT_ROWS = [
+    ("output_mse", "output MSE", "{:.4e}"),
+    ("output_rel_l2", "output relative L2", "{:.5f}"),
+    ("output_cosine", "output cosine", "{:.6f}"),
+    ("output_sqnr_db", "output SQNR (dB)", "{:.2f}"),
+    ("k_mse", "quanted K MSE", "{:.4e}"),
+    ("v_mse", "dequanted V MSE", "{:.4e}"),
+    ("v_mean_mse", "dequanted V's mean MSE", "{:.4e}"),
+    ("exact_fraction", "exact-route fraction", "{:.4f}"),
+]
+LOWER_IS_BETTER = {"output_mse", "output_rel_l2", "k_mse", "v_mse", "v_mean_mse"}
+
+
+def _update_in_place(fw: go.FigureWidget, new: go.Figure) -> None:
+    """Copy a freshly built figure into an existing FigureWidget without replacing the widget."""
+    same = len(fw.data) == len(new.data) and all(
+        a.type == b.type for a, b in zip(fw.data, new.data))
+    if not same:  # trace structure changed (e.g. a sparse recipe became dense): swap the traces
+        fw.data = []
+        fw.add_traces(list(new.data))
+    with fw.batch_update():
+        if same:
+            for t, n in zip(fw.data, new.data):
+                d = n.to_plotly_json()
+                d.pop("type", None)
+                t.update(d, overwrite=True)
+        lay = new.layout.to_plotly_json()
+        # The template is set once when the widget is made: re-validating its hundreds of
+        # properties on every update cost seconds per figure.
+        lay.pop("template", None)
+        fw.layout.shapes = lay.pop("shapes", ())
+        fw.layout.annotations = lay.pop("annotations", ())
+        fw.layout.update(lay)
+
+
+class SmoothingExplorer:
+    """Recipe A (a preset) against recipe B (a preset edited by the controls) on a store entry.
+
+    explorer = SmoothingExplorer("captures/h3_tiny.zarr"); display(explorer.widget)
+    """
+
+    def __init__(
+        self,
+        store=None,
+        *,
+        source: ReplaySource | None = None,
+        recipe_a: str = "fp8_sol_unsmoothed",
+        recipe_b: str = "fp8_sol_kv_corrected",
+        n_queries: int = 64,
+        step=None,
+        layer=None,
+        device: str | None = None,
+        auto: bool = True,
+        heatmap: bool = True,
+    ):
+        self.source = source or ReplaySource(store, device=device)
+        self.comparison = None
+        self.grid = None
+        self.last_seconds = float("nan")
+        self.error: str | None = None
+        self.show_heatmap = heatmap
+        src = self.source
+        base_b = get_recipe(recipe_b)
+
+        st = W.Layout(width="auto")
+        stores = [str(p) for p in shipped_stores()]
+        cur = str(src.path) if src.path else src.name
+        self.w_store = W.Dropdown(options=sorted(set(stores + [cur])), value=cur,
+                                  description="store", layout=W.Layout(width="420px"))
+        self.w_step = W.Dropdown(options=src.steps, value=step if step in src.steps else
+                                 src.steps[0], description="step", layout=W.Layout(width="150px"))
+        self.w_layer = W.Dropdown(options=src.layers, value=layer if layer in src.layers else
+                                  src.layers[-1], description="layer",
+                                  layout=W.Layout(width="150px"))
+        self.w_head = W.Dropdown(options=[("all", -1)] + [(str(h), h) for h in src.heads],
+                                 value=-1, description="head", layout=W.Layout(width="150px"))
+        self.w_queries = W.IntSlider(value=n_queries, min=8, max=1024, step=8,
+                                     description="query rows", continuous_update=False)
+        presets = list(PRESETS)
+        self.w_a = W.Dropdown(options=presets, value=get_recipe(recipe_a).name,
+                              description="recipe A", layout=W.Layout(width="300px"))
+        self.w_b = W.Dropdown(options=presets, value=base_b.name, description="recipe B",
+                              layout=W.Layout(width="300px"))
+        self.w_smooth = W.ToggleButtons(options=["none", "k", "kv"], value=base_b.smoothing,
+                                        description="smoothing", style={"button_width": "56px"})
+        self.w_smooth.add_class("wb-smoothing")
+        self.w_corr = W.Checkbox(value=base_b.v_bias_correction, description="V-bias correction",
+                                 indent=False, layout=st)
+        self.w_gran = W.Dropdown(options=["block", "token", "tensor"],
+                                 value=base_b.qk_granularity, description="QK scales",
+                                 layout=W.Layout(width="200px"))
+        self.w_sparse = W.ToggleButtons(options=["dense", "sol", "vsa"], value=base_b.sparsity,
+                                        description="sparsity", style={"button_width": "60px"})
+        self.w_sparse.add_class("wb-sparsity")
+        self.w_tau = W.FloatSlider(value=base_b.sol_tau, min=-1.0, max=3.0, step=0.05,
+                                   description="Sol tau", continuous_update=False)
+        self.w_keep = W.FloatSlider(value=base_b.vsa_keep, min=0.05, max=1.0, step=0.05,
+                                    description="VSA keep", continuous_update=False)
+        self.w_policy = W.Checkbox(value=False, description="apply dense policy (step/layer)",
+                                   indent=False, layout=st)
+        self.w_auto = W.Checkbox(value=auto, description="auto", indent=False, layout=st)
+        self.w_run = W.Button(description="Run", button_style="primary", icon="play")
+        self.w_progress = W.IntProgress(value=0, min=0, max=3, layout=W.Layout(width="200px"))
+        self.w_status = W.HTML(value="")
+        self.w_status.add_class("wb-status")
+        self.w_readout = W.HTML(value="")
+        self.w_readout.add_class("wb-readout")
+
+        self.fig_bars = go.FigureWidget(layout=dict(template=F.TEMPLATE, height=360))
+        self.fig_along = go.FigureWidget(layout=dict(template=F.TEMPLATE, height=360))
+        self.fig_drift_k = go.FigureWidget(layout=dict(template=F.TEMPLATE, height=330))
+        self.fig_drift_v = go.FigureWidget(layout=dict(template=F.TEMPLATE, height=330))
+        self.fig_heat = go.FigureWidget(layout=dict(template=F.TEMPLATE, height=330))
+        self.fig_route = go.FigureWidget(layout=dict(template=F.TEMPLATE, height=420, width=480))
+
+        controls = W.VBox([
+            W.HBox([self.w_store, self.w_step, self.w_layer, self.w_head]),
+            W.HBox([self.w_a, self.w_b, self.w_queries]),
+            W.HBox([self.w_smooth, self.w_corr, self.w_gran]),
+            W.HBox([self.w_sparse, self.w_tau, self.w_keep]),
+            W.HBox([self.w_policy, self.w_auto, self.w_run, self.w_progress, self.w_status]),
+        ])
+        self.widget = W.VBox([
+            controls,
+            self.w_readout,
+            W.HBox([self.fig_bars, self.fig_along]),
+            W.HBox([self.fig_drift_k, self.fig_drift_v]),
+            W.HBox([self.fig_heat, self.fig_route]),
+        ])
+        self.widget.add_class("wb-explorer")
+
+        self.w_store.observe(self._on_store, names="value")
+        self.w_b.observe(self._on_base_b, names="value")
+        for w in (self.w_step, self.w_layer, self.w_head, self.w_queries, self.w_a, self.w_smooth,
+                  self.w_corr, self.w_gran, self.w_sparse, self.w_tau, self.w_keep,
+                  self.w_policy):
+            w.observe(self._on_change, names="value")
+        self.w_run.on_click(lambda _: self.recompute())
+        self._sync_enabled()
+        self.recompute()
+
+    # -- recipe B from the controls -------------------------------------------------------------
+    def recipe_b(self):
+        base = PRESETS[self.w_b.value]
+        smooth = self.w_smooth.value
+        corr = bool(self.w_corr.value) and smooth == "kv" and base.quantizes_v
+        over = dict(smoothing=smooth, v_bias_correction=corr, sparsity=self.w_sparse.value,
+                    sol_tau=float(self.w_tau.value), vsa_keep=float(self.w_keep.value))
+        if base.quantizes_qk:
+            over["qk_granularity"] = self.w_gran.value
+        return base.with_(**over)
+
+    def recipe_a(self):
+        return PRESETS[self.w_a.value]
+
+    def _sync_enabled(self) -> None:
+        base = PRESETS[self.w_b.value]
+        self.w_corr.disabled = self.w_smooth.value != "kv" or not base.quantizes_v
+        self.w_gran.disabled = not base.quantizes_qk
+        self.w_tau.disabled = self.w_sparse.value != "sol"
+        self.w_keep.disabled = self.w_sparse.value != "vsa"
+
+    # -- events ---------------------------------------------------------------------------------
+    def _on_change(self, _change=None) -> None:
+        self._sync_enabled()
+        if self.w_auto.value:
+            self.recompute()
+
+    def _on_base_b(self, change) -> None:
+        base = PRESETS[change["new"]]
+        # Load the preset's settings into the controls without one recompute per control.
+        auto, self.w_auto.value = self.w_auto.value, False
+        self.w_smooth.value = base.smoothing
+        self.w_corr.value = base.v_bias_correction
+        self.w_gran.value = base.qk_granularity
+        self.w_sparse.value = base.sparsity
+        self.w_tau.value = base.sol_tau
+        self.w_keep.value = base.vsa_keep
+        self.w_auto.value = auto
+        self._on_change()
+
+    def _on_store(self, change) -> None:
+        try:
+            src = ReplaySource(change["new"], device=self.source.device)
+        except Exception as exc:  # noqa: BLE001 - show it, keep the old store
+            self._set_status(f"cannot open {change['new']}: {exc}", error=True)
+            return
+        self.source = src
+        auto, self.w_auto.value = self.w_auto.value, False
+        self.w_step.options, self.w_step.value = src.steps, src.steps[0]
+        self.w_layer.options, self.w_layer.value = src.layers, src.layers[-1]
+        self.w_head.options = [("all", -1)] + [(str(h), h) for h in src.heads]
+        self.w_head.value = -1
+        self.w_auto.value = auto
+        self._on_change()
+
+    def _set_status(self, text: str, error: bool = False) -> None:
+        color = "#b00020" if error else "#555"
+        cls = "wb-error" if error else "wb-ok"
+        self.w_status.value = (f'<span class="{cls}" style="color:{color}">'
+                               f"{html.escape(text)}</span>")
+
+    def _progress(self, i: int, n: int, message: str) -> None:
+        self.w_progress.max = n
+        self.w_progress.value = i
+        self._set_status(message + " ...")
+
+    # -- compute and draw -----------------------------------------------------------------------
+    def selected_heads(self) -> list[int]:
+        h = self.w_head.value
+        return list(self.source.heads) if h == -1 else [h]
+
+    def recompute(self) -> float:
+        """Recompute A and B on the current entry and redraw. Returns the seconds it took."""
+        t0 = time.perf_counter()
+        try:
+            a, b = self.recipe_a(), self.recipe_b()
+        except ValueError as exc:  # an invalid combination: say which field, keep the old view
+            self.error = str(exc)
+            self._set_status(str(exc), error=True)
+            return float("nan")
+        try:
+            src = self.source
+            step, layer, heads = self.w_step.value, self.w_layer.value, self.selected_heads()
+            q, k, v = src.qkv(step, layer, heads)
+            policy = self.w_policy.value
+            self.comparison = evaluate_recipes(
+                q, k, v, {"A": a, "B": b}, layout=src.layout, n_queries=self.w_queries.value,
+                heads=heads, rotated=src.rotated, step=step if policy else None,
+                layer=layer if policy else None, progress=self._progress,
+            )
+            if self.show_heatmap:
+                self._set_status("per-head grid over layers ...")
+                self.grid = layer_head_grid(src, step, b, heads=heads,
+                                            n_queries=self.w_queries.value, dense_policy=policy)
+            self._draw()
+        except Exception as exc:  # noqa: BLE001 - the widget must say what failed, not die
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._set_status(self.error, error=True)
+            traceback.print_exc()
+            return float("nan")
+        self.error = None
+        self.last_seconds = time.perf_counter() - t0
+        dev = self.source.device
+        self._set_status(f"updated in {self.last_seconds:.2f} s on {dev} "
+                         f"({len(self.comparison.query_rows)} query rows, heads {heads})")
+        return self.last_seconds
+
+    def names(self) -> dict[str, str]:
+        a, b = self.recipe_a(), self.recipe_b()
+        return {"A": f"A {a.to_string()}", "B": f"B {b.to_string()}"}
+
+    def _draw(self) -> None:
+        with F.template_override("none"):
+            self._draw_figures()
+
+    def _draw_figures(self) -> None:
+        c = self.comparison
+        ev = c.evals
+        nm = self.names()
+        self.w_readout.value = readout_html(c.readout(), nm, step=self.w_step.value,
+                                            layer=self.w_layer.value)
+        bars = F.boundary_bars(
+            {nm[t]: {bd: ev[t].overall[bd]["mse"] for bd in TABLE_BOUNDARIES} for t in ev},
+            labels=BOUNDARY_LABELS)
+        _update_in_place(self.fig_bars, bars)
+        along = F.error_along_tokens({nm[t]: ev[t].along for t in ev})
+        _update_in_place(self.fig_along, along)
+        for fw, attr, name in ((self.fig_drift_k, "drift_k", "K"),
+                               (self.fig_drift_v, "drift_v", "V")):
+            _update_in_place(fw, F.drift_per_channel(
+                {t: getattr(ev[t], attr) for t in ev}, rotated=c.rotated, tensor=name))
+        if self.grid is not None:
+            _update_in_place(self.fig_heat, F.per_head_heatmap(
+                self.grid["mse"], layers=self.source.layers, heads=c.heads,
+                recipe="B", boundary=f"output, step {self.w_step.value}"))
+        e = ev["B"] if ev["B"].block_map is not None else ev["A"]
+        if e.block_map is not None:
+            route = F.routing_map(e.block_map, block=e.block, exact_fraction=e.exact_fraction,
+                                  title=f"{e.name} {e.recipe.sparsity} routing (mean over heads)",
+                                  bands=c.layout.bands())
+        else:
+            route = go.Figure(layout=dict(title="dense recipes: every block exact"))
+        _update_in_place(self.fig_route, route)
+
+
+def readout_html(values: dict, names: dict, *, step=None, layer=None) -> str:
+    """The numeric readout: one row per metric, columns A | B | benefit of B over A."""
+    rows = []
+    for key, label, fmt in READOUT_ROWS:
+        a, b = values["A"][key], values["B"][key]
+        ben = f"{benefit_pct(a, b):.2f}%" if key in LOWER_IS_BETTER else ""
+        rows.append(
+            f"<tr><td>{label}</td>"
+            f'<td class="wb-val" data-key="A.{key}">{fmt.format(a)}</td>'
+            f'<td class="wb-val" data-key="B.{key}">{fmt.format(b)}</td>'
+            f"<td>{ben}</td></tr>")
+    head = (f"<tr><th>step {step}, layer {layer}</th><th>{html.escape(names['A'])}</th>"
+            f"<th>{html.escape(names['B'])}</th><th>benefit</th></tr>")
+    return ('<table class="wb-table" style="border-collapse:collapse;font-family:monospace;'
+            'font-size:12px">' + head + "".join(rows) + "</table>")
