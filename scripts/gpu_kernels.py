@@ -71,17 +71,14 @@ def sweep():
     ref, _ = dense_attention_f64(*sets[0], query_index=idx)
     base = dict(dispatch.TUNING)
     configs = [
-        ("base 128x128 w8 s3 imp128 roundP", {}),
-        ("hw P cast", {"round_p": False}),
-        ("stages 2", {"num_stages": 2}),
+        ("base 128x128 w8 s3 imp128 hwP", {}),
+        ("explicit P rounding", {"round_p": True}),
         ("stages 4", {"num_stages": 4}),
         ("TMA", {"use_tma": True}),
-        ("TMA hw P cast", {"use_tma": True, "round_p": False}),
         ("TMA stages 4", {"use_tma": True, "num_stages": 4}),
-        ("BLOCK_M 256 w8", {"block_m": 256}),
-        ("BLOCK_M 256 TMA", {"block_m": 256, "use_tma": True}),
         ("BLOCK_M 64 w4", {"block_m": 64, "num_warps": 4}),
-        ("BLOCK_N 64", {"block_n": 64}),
+        ("BLOCK_M 64 w4 TMA", {"block_m": 64, "num_warps": 4, "use_tma": True}),
+        ("BLOCK_M 128 w4", {"num_warps": 4}),
         ("imp0 (full precision)", {"max_imprecise": 0}),
     ]
     rows = []

@@ -24,9 +24,10 @@ from .attention_fp8 import fp8_attention_fwd
 from .kv_stats import kv_stats
 from .quantize import quantize_qkv
 
-# Chosen from scripts/gpu_kernels.py on an H200 (see BENCHMARKS.md); any of them is correct.
+# Chosen from scripts/gpu_kernels.py's sweep on an H200 (see BENCHMARKS.md); any is correct.
+# round_p None = explicit P rounding only in the interpreter (hardware cast on the GPU).
 TUNING = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "max_imprecise": 128,
-          "round_p": True, "use_tma": False}
+          "round_p": None, "use_tma": False}
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 

@@ -125,11 +125,12 @@ def _kv_finalize_kernel(
                 PK, PV, PVMAX, PVMIN, base, i * CB, n_chunks, ksum, vsum, vmax, vmin,
                 HEAD_D, CB, SUM_K, SUM_V)
     d = tl.arange(0, HEAD_D)
+    n_tok = tl.full([HEAD_D], s_len, tl.float32)  # IEEE division below (plain `/` is approximate)
     mu_v = tl.zeros([HEAD_D], tl.float32)
     if SUM_K:
-        tl.store(MU_K + bh * HEAD_D + d, tl.sum(ksum, axis=0) / s_len)
+        tl.store(MU_K + bh * HEAD_D + d, tl.math.div_rn(tl.sum(ksum, axis=0), n_tok))
     if SUM_V:
-        mu_v = tl.sum(vsum, axis=0) / s_len
+        mu_v = tl.math.div_rn(tl.sum(vsum, axis=0), n_tok)
         tl.store(MU_V + bh * HEAD_D + d, mu_v)
     hi = tl.abs(tl.max(vmax, axis=0) - mu_v)
     lo = tl.abs(tl.min(vmin, axis=0) - mu_v)

@@ -81,8 +81,10 @@ def _quant_tokens_kernel(
         mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
         x = tl.where(ok, x - mu[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    scale = tl.where(amax > 0, amax / 448.0, 1.0)
-    q = round_to_e4m3(x / scale)  # divide (not multiply by 1/scale): the twin divides
+    # IEEE divisions (div_rn): Triton's plain fp32 `/` is an approximate division on the GPU, and
+    # the twin (torch) divides exactly; with div_rn the E4M3 codes match the twin bit for bit.
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+    q = round_to_e4m3(tl.math.div_rn(x, tl.broadcast_to(scale, x.shape)))
     tl.store(OUT8 + (bh * S_pad + t[:, None]) * HEAD_D + d[None, :], q.to(tl.float8e4nv))
     tl.store(SCALE + bh * (S_pad // BLOCK) + blk, scale)
 
@@ -112,7 +114,7 @@ def _quant_v_kernel(
         x = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
                     mask=ok, other=0.0).to(tl.float32)
         x = tl.where(ok, x - mu[None, :], 0.0)
-        q = round_to_e4m3(x / s[None, :])
+        q = round_to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape)))
         qsum += q
         # transposed store: [D, ROWS] with tokens contiguous
         tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q.to(tl.float8e4nv))
@@ -150,7 +152,7 @@ def _v_corr_kernel(
             for i in range(n_steps):
                 acc = _corr_step(PSUM, base, i * CB, n_chunks, acc, HEAD_D, CB)
         s = tl.load(VSCALE + bh * HEAD_D + d)
-        corr = corr - s * (tl.sum(acc, axis=0) / s_len)
+        corr = corr - s * tl.math.div_rn(tl.sum(acc, axis=0), tl.full([HEAD_D], s_len, tl.float32))
     tl.store(CORR + bh * HEAD_D + d, corr)
 
 
