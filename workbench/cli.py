@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = [
     "workbench.capture.cli",  # capture, inspect, archive
     "workbench.bench.cli",  # bench (GPU side-by-side timings)
     "workbench.generate.cli",  # generate, compare
+    "workbench.viz.cli",  # report (PR figures + markdown)
 ]
 
 

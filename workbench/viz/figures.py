@@ -94,12 +94,19 @@ def per_head_heatmap(
         log_color = bool(fin.size and (fin > 0).all() and fin.max() / fin.min() > 100)
     color = np.log10(np.where(z > 0, z, np.nan)) if log_color else z
     label = METRIC_LABELS.get(metric, metric)
+    # Signed values (a benefit) get a diverging scale centred on 0: blue = B better.
+    signed = bool(not log_color and fin.size and fin.min() < 0 < fin.max())
     fig = go.Figure(go.Heatmap(
         z=[_finite_or_none(r) for r in color],
         x=[str(h) for h in heads],
         y=[str(lay) for lay in layers],
         customdata=[_finite_or_none(r) for r in z],
-        colorscale="Viridis",
+        colorscale="RdBu" if signed else "Viridis",
+        zmid=0 if signed else None,
+        # Small grids print the exact value in each cell (PNG exports have no hover).
+        text=[[f"{x:.3g}" for x in r] for r in z] if z.size <= 200 else None,
+        texttemplate="%{text}" if z.size <= 200 else None,
+        xgap=1, ygap=1,
         colorbar=dict(title=("log10 " if log_color else "") + label),
         hovertemplate="layer %{y}, head %{x}<br>" + label + " = %{customdata:.6e}<extra></extra>",
         name=recipe or metric,
@@ -257,7 +264,8 @@ def routing_map(
         raise ValueError(f"routing_map: expected [n_qblocks, n_kblocks], got shape {m.shape}")
     frac = float(m.mean()) if exact_fraction is None else float(exact_fraction)
     fig = go.Figure(go.Heatmap(
-        z=m.tolist(), zmin=0, zmax=1,
+        z=m.tolist(), zmin=0, zmax=1, xgap=1 if m.size <= 4096 else 0,
+        ygap=1 if m.size <= 4096 else 0,
         colorscale=[[0, "#f1f1f1"], [1, "#DD8452"]],
         colorbar=dict(title="exact", tickvals=[0, 1], ticktext=["summary", "exact"]),
         hovertemplate="query block %{y}, key block %{x}<br>exact %{z:.3f}<extra></extra>",
@@ -270,7 +278,10 @@ def routing_map(
         template=_tpl(), title=f"{title}: exact-route fraction {frac:.4f}",
         xaxis_title=f"key block ({block} rows)", yaxis_title=f"query block ({block} rows)",
     )
-    fig.update_yaxes(autorange="reversed", scaleanchor="x")
+    nq, nk = m.shape
+    fig.update_xaxes(range=[-0.5, nk - 0.5], constrain="domain", dtick=max(1, nk // 16))
+    fig.update_yaxes(range=[nq - 0.5, -0.5], scaleanchor="x", constrain="domain",
+                     dtick=max(1, nq // 16))
     return fig
 
 

@@ -1,0 +1,40 @@
+"""``workbench report``: PR figures (PNG, SVG, self-contained HTML) and markdown tables."""
+
+from __future__ import annotations
+
+
+def _heads(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    from workbench.report.cli import _int_list
+
+    return _int_list(text)
+
+
+def cmd_report(args) -> int:
+    from workbench.report.export import write_report
+
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    bad = sorted(set(formats) - {"png", "svg", "html"})
+    if bad:
+        raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
+    md = write_report(args.store, args.a, args.b, args.out, step=args.step, layer=args.layer,
+                      heads=_heads(args.heads), n_queries=args.queries, formats=formats,
+                      device=args.device)
+    print(md)
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("report", help="export PR figures (png/svg/html) and markdown tables")
+    p.add_argument("store", help="capture store (zarr directory)")
+    p.add_argument("--a", default="fp8_sol_unsmoothed", help="recipe A (baseline)")
+    p.add_argument("--b", default="fp8_sol_kv_corrected", help="recipe B (candidate)")
+    p.add_argument("--out", required=True, help="output folder (report.md, figures/)")
+    p.add_argument("--step", type=int, default=None, help="entry step (default: the last)")
+    p.add_argument("--layer", type=int, default=None, help="entry layer (default: the last)")
+    p.add_argument("--heads", default=None, help="query heads, e.g. 0-3 (default: first 4)")
+    p.add_argument("--queries", type=int, default=64, help="evenly spaced query rows")
+    p.add_argument("--formats", default="png,svg,html", help="comma list of png, svg, html")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.set_defaults(func=cmd_report)
