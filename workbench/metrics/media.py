@@ -56,7 +56,7 @@ def per_frame_ssim(a: torch.Tensor, b: torch.Tensor) -> list[float]:
     """SSIM of every frame pair; a, b [T, C, H, W] in [0, 1]."""
     from torchmetrics.functional.image import structural_similarity_index_measure as ssim
 
-    vals = ssim(b.double(), a.double(), data_range=1.0, reduction="none")
+    vals = ssim(b.float(), a.float(), data_range=1.0, reduction="none")
     return [float(v) for v in vals]
 
 
@@ -72,7 +72,8 @@ def ms_ssim(a: torch.Tensor, b: torch.Tensor) -> float:
     """Mean 5-scale MS-SSIM over frames (frames enlarged by an integer factor when small)."""
     from torchmetrics.functional.image import multiscale_structural_similarity_index_measure
 
-    a2, b2 = _enlarge(a.double()), _enlarge(b.double())
+    # float32: 5x faster than float64 on CPU; MS-SSIM differences of 1e-6 do not matter here.
+    a2, b2 = _enlarge(a.float()), _enlarge(b.float())
     vals = multiscale_structural_similarity_index_measure(
         b2, a2, data_range=1.0, reduction="none", normalize="relu"
     )

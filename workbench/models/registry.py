@@ -227,12 +227,40 @@ def save_checkpoint(h: H3Model, path: str | Path, dtype: torch.dtype = torch.flo
     return path
 
 
+def _read_folder_weights(path: Path) -> dict:
+    """State dict of a diffusers folder: one safetensors file or a sharded index."""
+    from safetensors.torch import load_file
+
+    index = path / "diffusion_pytorch_model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state = {}
+        for sh in shards:
+            state.update(load_file(str(path / sh)))
+        return state
+    single = path / "diffusion_pytorch_model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"{path}: no diffusion_pytorch_model.safetensors (or index)")
+    return load_file(str(single))
+
+
 def _load_diffusers_dir(path: Path, device, dtype) -> H3Model:
     from diffusers import MiniMaxH3Transformer3DModel
 
-    model = MiniMaxH3Transformer3DModel.from_pretrained(
-        str(path), local_files_only=True, torch_dtype=dtype
-    ).to(device).eval()
+    try:
+        model = MiniMaxH3Transformer3DModel.from_pretrained(
+            str(path), local_files_only=True, torch_dtype=dtype
+        )
+    except ValueError as exc:
+        # Without accelerate, diffusers refuses its keep-in-fp32 path (low_cpu_mem_usage):
+        # build from the local config and load the (possibly sharded) safetensors ourselves.
+        if "low_cpu_mem_usage" not in str(exc):
+            raise
+        model = MiniMaxH3Transformer3DModel.from_config(
+            MiniMaxH3Transformer3DModel.load_config(str(path), local_files_only=True)
+        )
+        model.load_state_dict(_read_folder_weights(path), strict=True)
+    model = _cast(model, dtype).to(device).eval()
     config, prompts = None, None
     side = path / "workbench.json"  # optional clip geometry + prompt classes saved next to it
     if side.exists():
