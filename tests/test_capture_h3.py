@@ -176,7 +176,7 @@ def test_cli_capture_inspect_table(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4 complete, 0 incomplete" in out and "K rot" in out and "pass-through = 96-127" in out
     assert "all chunks pass crc32c" in out
-    assert main(["table", "--store", store, "--step", "0", "--layer", "1", "--heads", "0,1"]) == 0
+    assert main(["table", "--store", store, "--step", "0", "--layer", "1"]) == 0
     assert "quanted K" in capsys.readouterr().out
     # A second capture to the same path refuses; --resume keeps every complete entry.
     assert main(["capture", "--model", "h3-tiny", "--out", store, "--quiet"]) == 2
