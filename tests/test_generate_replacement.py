@@ -1,4 +1,4 @@
-"""Attention replacement by a recipe through the capture interceptor, and deterministic generation."""
+"""Attention replacement by a recipe through the capture interceptor; deterministic generation."""
 
 import json
 
