@@ -416,7 +416,11 @@ def kernel_bench(
     report: ``workbench bench --json`` output ({"env", "ceilings", "rows": [{"S", "variant",
     "mode", "ms", "tflops", ...}]}). Ceilings (bf16 / fp8 matmul rate) are drawn as dashed lines.
     """
-    rows = [r for r in report.get("rows", []) if r.get("mode") in modes]
+    rows = [dict(r) for r in report.get("rows", []) if r.get("mode") in modes]
+    for r in rows:  # rows that carry only a time: TFLOP/s from the dense count 4*B*H*S^2*D
+        if r.get("tflops") is None and r.get("ms") and r.get("shape"):
+            B, S, H, D = (int(x) for x in str(r["shape"]).strip("()").split(","))
+            r["tflops"] = 4.0 * B * H * S * S * D / (r["ms"] * 1e-3) / 1e12
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["variant"], r["mode"]), []).append(r)

@@ -1,0 +1,175 @@
+"""Figure builders on known data: the values a figure carries are the metrics it was given."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.attention import SegmentLayout
+from workbench.metrics import benefit_pct
+from workbench.metrics.media import compare_media
+from workbench.synthetic import small_config, synthetic_qkv
+from workbench.viz import figures as F
+from workbench.viz.compute import evaluate_recipes
+
+BOUNDS = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    cfg = small_config(seq_len=512, heads=2)
+    q, k, v = synthetic_qkv(cfg)
+    c = evaluate_recipes(q, k, v, {"A": "fp8_sol_unsmoothed", "B": "fp8_sol_kv_corrected"},
+                         layout=cfg.layout, n_queries=48, rotated=cfg.rotated)
+    return c, (q, k, v), cfg
+
+
+def test_per_head_heatmap_values_and_hover():
+    vals = np.array([[1e-5, 2e-4, 3e-3], [4e-6, 5e-2, 6e-4]])
+    fig = F.per_head_heatmap(vals, layers=[0, 7], heads=[0, 1, 2], metric="mse")
+    hm = fig.data[0]
+    # hover carries the exact values, colour their log10 (values span 4 decades)
+    assert np.array(hm.customdata, dtype=float) == pytest.approx(vals, rel=0, abs=0)
+    assert np.array(hm.z, dtype=float) == pytest.approx(np.log10(vals))
+    assert list(hm.y) == ["0", "7"] and list(hm.x) == ["0", "1", "2"]
+    assert "customdata:.6e" in hm.hovertemplate
+    with pytest.raises(ValueError, match="shape"):
+        F.per_head_heatmap(vals, layers=[0], heads=[0, 1, 2])
+    # signed values (a benefit) use a linear, diverging scale centred on 0
+    ben = F.per_head_heatmap(np.array([[-5.0, 20.0]]), layers=[0], heads=[0, 1],
+                             metric="benefit %")
+    assert ben.data[0].zmid == 0 and list(ben.data[0].z[0]) == [-5.0, 20.0]
+
+
+def test_boundary_bars_match_metrics(comparison):
+    c, _, _ = comparison
+    res = {n: {b: e.overall[b]["mse"] for b in BOUNDS} for n, e in c.evals.items()}
+    fig = F.boundary_bars(res)
+    assert [t.name for t in fig.data] == ["A", "B"]
+    for t in fig.data:
+        assert list(t.y) == [c.evals[t.name].overall[b]["mse"] for b in BOUNDS]
+    # the seed's headline: V-bias correction restores V's mean far below the unsmoothed error
+    a_vm, b_vm = fig.data[0].y[2], fig.data[1].y[2]
+    assert b_vm < 1e-6 * a_vm
+    assert fig.layout.yaxis.type == "log"
+
+
+def test_drift_per_channel_split_rotated_passthrough(comparison):
+    c, _, _ = comparison
+    res = c.evals["A"]
+    fig = F.drift_per_channel({"A": res.drift_k}, rotated=96, tensor="K")
+    rot, pas = fig.data
+    assert rot.name.endswith("rotated") and pas.name.endswith("pass-through")
+    assert list(rot.x) == list(range(96)) and list(pas.x) == list(range(96, 128))
+    y = np.array(list(rot.y) + list(pas.y))
+    assert y == pytest.approx(res.drift_k)
+    # the figure's per-channel values average to the metric's rotated / pass-through summary
+    assert np.mean(rot.y) == pytest.approx(res.drift_summary["k_rot"], rel=1e-9)
+    assert np.mean(pas.y) == pytest.approx(res.drift_summary["k_pass"], rel=1e-9)
+    assert fig.layout.shapes[0].x0 == pytest.approx(95.5)
+
+
+def test_error_along_tokens_and_bands(comparison):
+    c, _, cfg = comparison
+    fig = F.error_along_tokens({n: e.along for n, e in c.evals.items()})
+    for t in fig.data:
+        e = c.evals[t.name]
+        assert list(t.x) == c.query_rows
+        assert list(t.y) == pytest.approx(e.along["mse"])
+        # row errors average to the overall output MSE (every row has B*H*D elements)
+        assert np.mean(t.y) == pytest.approx(e.overall["attention_output"]["mse"], rel=1e-9)
+    bands = cfg.layout.bands()
+    assert len(fig.layout.shapes) == len(bands)
+    for s, (_, a, b) in zip(fig.layout.shapes, bands):
+        assert (s.x0, s.x1) == (a - 0.5, b - 0.5)
+    assert {a.text for a in fig.layout.annotations} == {n for n, _, _ in bands}
+
+
+def test_routing_map_fraction(comparison):
+    c, _, _ = comparison
+    e = c.evals["B"]
+    assert e.block_map is not None
+    fig = F.routing_map(e.block_map, block=e.block)
+    assert np.array(fig.data[0].z) == pytest.approx(e.block_map)
+    # the map (averaged over heads) covers every query block, so its mean is the exact fraction
+    # over all blocks; the sampled-row fraction lies within the map's range
+    assert f"{float(e.block_map.mean()):.4f}" in fig.layout.title.text
+    m = np.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=bool)
+    fig2 = F.routing_map(m, block=64, bands=[("text", 0, 10), ("video", 10, 192)])
+    assert "0.6667" in fig2.layout.title.text
+    assert fig2.layout.shapes[0].x0 == pytest.approx(10 / 64 - 0.5)
+
+
+def test_frame_grid_and_curves():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(5, 3, 16, 16, generator=g)
+    b = (a + 0.05 * torch.randn(5, 3, 16, 16, generator=g)).clamp(0, 1)
+    fig = F.frame_grid(a, b, frames=[0, 4])
+    assert len(fig.data) == 6
+    heat = fig.data[2]
+    assert np.array(heat.z) == pytest.approx((a[0] - b[0]).abs().mean(0).double().numpy())
+    img = fig.data[0].z
+    assert np.asarray(img).shape == (16, 16, 3)
+    m = compare_media(a, b)
+    cf = F.frame_metric_curves({"B": m["curves"]})
+    assert list(cf.data[0].y) == pytest.approx(m["curves"]["psnr_db"])
+    assert list(cf.data[1].y) == pytest.approx(m["curves"]["ssim"])
+    assert list(cf.data[2].y) == pytest.approx(m["curves"]["cosine"])
+
+
+def test_audio_comparison_spectrogram_difference():
+    sr = 4096
+    t = torch.arange(4096) / sr
+    a = torch.sin(2 * math.pi * 440 * t)
+    b = a + 0.1 * torch.sin(2 * math.pi * 1000 * t)
+    fig = F.audio_comparison(a, b, sample_rate=sr, n_fft=256)
+    assert list(fig.data[0].y) == pytest.approx(a.double().tolist())
+    d = np.array(fig.data[2].z)
+    expect = F.log_power_spectrogram(b, 256) - F.log_power_spectrogram(a, 256)
+    assert d == pytest.approx(expect)
+    # the added 1 kHz tone is where the difference is largest
+    freqs = np.array(fig.data[2].y)
+    assert abs(freqs[np.abs(d).mean(1).argmax()] - 1000) <= sr / 256
+
+
+def test_kernel_bench_from_json():
+    report = {
+        "env": {"device": "H200"},
+        "ceilings": {"bf16_mm_tflops": 679.0},
+        "rows": [
+            {"shape": "(1, 8192, 56, 128)", "S": 8192, "variant": "x", "mode": "full",
+             "ms": 2.0, "tflops": 100.0},
+            {"shape": "(1, 4096, 56, 128)", "S": 4096, "variant": "x", "mode": "full",
+             "ms": 1.0, "tflops": 50.0},
+            {"shape": "(1, 4096, 56, 128)", "S": 4096, "variant": "y", "mode": "full", "ms": 1.0},
+            {"shape": "(1, 4096, 56, 128)", "S": 4096, "variant": "x", "mode": "prep", "ms": 0.1,
+             "tflops": 1.0},
+        ],
+    }
+    fig = F.kernel_bench(report)
+    assert [t.name for t in fig.data] == ["x (full)", "y (full)"]
+    assert list(fig.data[0].x) == [4096, 8192] and list(fig.data[0].y) == [50.0, 100.0]
+    # a row with only a time gets TFLOP/s from 4*B*H*S^2*D
+    assert fig.data[1].y[0] == pytest.approx(4 * 56 * 4096**2 * 128 / 1e-3 / 1e12)
+    assert fig.layout.shapes[0].y0 == 679.0
+
+
+def test_heatmap_grid_matches_per_head_metrics(comparison):
+    c, _, _ = comparison
+    e = c.evals["B"]
+    vals = np.array([e.heads["attention_output"]["mse"]])
+    fig = F.per_head_heatmap(vals, layers=[0], heads=c.heads)
+    assert list(fig.data[0].customdata[0]) == e.heads["attention_output"]["mse"]
+    a = c.evals["A"].heads["attention_output"]["mse"]
+    ben = [benefit_pct(x, y) for x, y in zip(a, e.heads["attention_output"]["mse"])]
+    fb = F.per_head_heatmap(np.array([ben]), layers=[0], heads=c.heads, log_color=False)
+    assert list(fb.data[0].z[0]) == pytest.approx(ben)
+
+
+def test_layout_bands_helper():
+    lay = SegmentLayout(text=4, audio=32, video=128)
+    shapes = F.band_shapes(lay.bands())
+    assert [(s["x0"], s["x1"]) for s in shapes] == [(-0.5, 3.5), (3.5, 35.5), (35.5, 163.5)]
