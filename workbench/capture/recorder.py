@@ -56,6 +56,13 @@ def model_metadata(model) -> dict[str, Any]:
     return {"model_class": cls, "model_config": _jsonable(cfg), "rotated_channels": rotated}
 
 
+def _on_cuda(model) -> bool:
+    params = getattr(model, "parameters", None)
+    if params is None:
+        return False
+    return any(p.is_cuda for p in params())
+
+
 def _existing_entries(root: zarr.Group) -> dict[str, str]:
     """{entry path: status} for every entry group in the store."""
     out = {}
@@ -89,6 +96,9 @@ class Capture:
         queue_size: int = 8,
         compressor: str | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        writer_threads: int | None = None,
+        pinned_pool: bool | None = None,
+        direct_writes: bool = True,
         resume: bool = False,
         overwrite: bool = False,
         progress: bool = True,
@@ -108,8 +118,14 @@ class Capture:
         self.include_refiner = include_refiner
         self.resume = resume
         self.overwrite = overwrite
+        if pinned_pool is None:
+            # A model on the GPU: pin the host ring now, before any forward, so that no forward
+            # pays for cudaHostAlloc (record()-only captures pin it at their first CUDA tensor).
+            pinned_pool = _on_cuda(model)
         self._writer_kw = dict(budget_bytes=budget_bytes, queue_size=queue_size,
-                               compressor=compressor, chunk_bytes=chunk_bytes, progress=progress)
+                               compressor=compressor, chunk_bytes=chunk_bytes, progress=progress,
+                               threads=writer_threads, pinned_pool=pinned_pool,
+                               direct=direct_writes)
         self.extra_attrs = extra_attrs or {}
         self.interceptor: AttentionInterceptor | None = None
         self.writer: StoreWriter | None = None
@@ -310,7 +326,10 @@ def capture(model, path, layers=None, steps=None, heads=None, query_rows=None, *
     query_rows: keep only these q rows (K/V keep every row); the rows go in ``q_rows``.
     Keyword options: layout (SegmentLayout), recipe (spec of the run), seed, prompt,
     rotated_channels, include_refiner, budget_bytes (host memory bound), queue_size,
-    compressor (None | "zstd[:level]"), chunk_bytes, resume, overwrite, progress, extra_attrs.
+    compressor (None | "zstd[:level]"), chunk_bytes, writer_threads (chunk-writer threads),
+    pinned_pool (None = pin a ring of budget_bytes at start when the model is on CUDA),
+    direct_writes (False = every chunk through zarr's array write), resume, overwrite, progress,
+    extra_attrs.
     ``model=None`` gives a store fed only through ``cap.record(name, q, k, v, step=...)``.
     """
     return Capture(model, path, layers=layers, steps=steps, heads=heads, query_rows=query_rows,

@@ -1,24 +1,43 @@
-"""Streaming store writer: host copy in the hook, a bounded queue, one background writer thread.
+"""Streaming store writer: host copy in the hook, a bounded queue, a writer thread + chunk pool.
 
-The hook only copies (GPU -> pinned host buffer on a side stream, or a CPU clone) and enqueues; the
-writer thread does all zarr I/O, so the writer is the single owner of every chunk and every metadata
-key it touches. Host memory held by queued entries is bounded by ``budget_bytes``: a hook that would
-exceed it blocks until the writer frees memory (back-pressure), never grows without bound.
+The hook only copies and enqueues: GPU tensors go with ``non_blocking`` copies on a side CUDA stream
+into a fixed ring of pinned host memory (allocated once, at capture start, sized by the budget, and
+recycled), with one CUDA event per entry, so the forward never waits for the copy and never calls
+cudaHostAlloc; CPU tensors are cloned. The writer thread takes entries in order, waits for the
+entry's event, writes the entry's zarr metadata, hands its chunks to a pool of chunk-writer threads
+and, once every chunk is on disk, writes the completion marker. Host memory held by queued entries is
+bounded by ``budget_bytes``: a hook that would exceed it blocks until the writer frees memory
+(back-pressure), never grows without bound.
+
+Chunk writes (no compressor, local store): each chunk is gathered into a per-thread scratch buffer
+(or written straight from the host tensor when it is one contiguous slab), checksummed with crc32c,
+and written with ``os.write`` into its final zarr key, in the exact bytes -> crc32c layout zarr reads
+(data, then the little-endian crc32c of the data). No temp file + rename per chunk: the entry is
+only visible once its ``status`` marker says complete, which is written after every chunk, so a
+torn chunk can only belong to an entry flagged incomplete (and rewritten on resume). With a
+compressor (``zstd``) the chunks go through zarr's own array write.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import queue
+import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import torch
 import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
+from zarr.storage import LocalStore
 
 from .schema import (
     DIMS,
@@ -32,6 +51,10 @@ from .schema import (
 
 DEFAULT_CHUNK_BYTES = 32 * 2**20
 DEFAULT_BUDGET_BYTES = 2 * 2**30
+# Chunk writes overlap: os.write and numpy's gather copy release the GIL (crc32c holds it, at
+# ~6 GB/s). More threads than cores still help while the page cache absorbs the writes.
+DEFAULT_WRITER_THREADS = min(8, max(2, os.cpu_count() or 2))
+POOL_ALIGN = 4096  # byte alignment of every tensor carved out of the pinned pool
 
 
 class CaptureWriteError(CaptureStoreError):
@@ -100,6 +123,95 @@ class HostBudget:
             self._cond.notify_all()
 
 
+def _align(n: int) -> int:
+    return (n + POOL_ALIGN - 1) // POOL_ALIGN * POOL_ALIGN
+
+
+class PinnedPool:
+    """A fixed ring of page-locked host memory, allocated once and recycled.
+
+    Entries take one contiguous region each, in submission order, and are released by the writer
+    mostly in the same order, so a ring (first fit after the newest live region, else at 0) needs
+    no compaction. ``alloc`` blocks while no region is free (back-pressure), waking up when the
+    writer has failed. Allocation goes through ``cudaHostRegister`` on a plain tensor (exact size;
+    torch's pinned caching allocator would round the pool up to a power of two), falling back to
+    ``pin_memory=True`` if registration is refused.
+    """
+
+    def __init__(self, nbytes: int):
+        self.capacity = _align(int(nbytes))
+        t0 = time.perf_counter()
+        self.method = "cudaHostRegister"
+        buf = torch.empty(self.capacity, dtype=torch.uint8)
+        self._registered = False
+        try:
+            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), self.capacity, 0)
+            self._registered = int(getattr(err, "value", err)) == 0 and buf.is_pinned()
+        except Exception:  # noqa: BLE001 - fall back to torch's pinned allocator below
+            self._registered = False
+        if not self._registered:
+            self.method = "pin_memory"
+            buf = torch.empty(self.capacity, dtype=torch.uint8, pin_memory=True)
+        self.buf = buf
+        self.alloc_seconds = time.perf_counter() - t0
+        self._live: list[list[int]] = []  # [start, end, freed] in allocation order
+        self._cond = threading.Condition()
+        self.failed: BaseException | None = None
+        self.waits = 0
+        self.wait_seconds = 0.0
+
+    def _fit(self, n: int) -> int | None:
+        if not self._live:
+            return 0
+        start = self._live[-1][1]
+        if start + n > self.capacity:
+            start = 0
+        end = start + n
+        if any(s < end and start < e for s, e, _ in self._live):
+            return None
+        return start
+
+    def alloc(self, n: int) -> tuple[int, int]:
+        if n > self.capacity:
+            raise CaptureStoreError(f"pinned pool: {n} bytes asked, pool holds {self.capacity}")
+        with self._cond:
+            start = self._fit(n)
+            if start is None:
+                self.waits += 1
+                t0 = time.perf_counter()
+                while start is None and self.failed is None:
+                    self._cond.wait(0.5)
+                    start = self._fit(n)
+                self.wait_seconds += time.perf_counter() - t0
+                if start is None:
+                    raise self.failed
+            self._live.append([start, start + n, False])
+            return start, start + n
+
+    def release(self, region: tuple[int, int]) -> None:
+        with self._cond:
+            for r in self._live:
+                if (r[0], r[1]) == tuple(region) and not r[2]:
+                    r[2] = True
+                    break
+            while self._live and self._live[0][2]:
+                self._live.pop(0)
+            while self._live and self._live[-1][2]:
+                self._live.pop()
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self.failed = exc
+            self._cond.notify_all()
+
+    def free(self) -> None:
+        if self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self.buf.data_ptr())
+            self._registered = False
+        self.buf = None
+
+
 @dataclass
 class PendingEntry:
     path: str  # store path of the entry group
@@ -107,6 +219,7 @@ class PendingEntry:
     arrays: dict[str, torch.Tensor]  # host tensors (pinned when they came from CUDA)
     nbytes: int
     event: Any = None  # CUDA event the D2H copies were recorded on
+    region: tuple[int, int] | None = None  # slice of the pinned pool the arrays live in
 
 
 @dataclass
@@ -114,6 +227,12 @@ class WriterStats:
     entries: int = 0
     bytes: int = 0
     write_seconds: float = 0.0
+    chunks: int = 0
+    threads: int = 1
+    direct: bool = False  # chunks written by the chunk pool (not through zarr's array write)
+    pool_bytes: int = 0
+    pool_method: str | None = None
+    pool_alloc_seconds: float = 0.0
     skipped: list[str] = field(default_factory=list)
 
     @property
@@ -122,7 +241,13 @@ class WriterStats:
 
 
 class StoreWriter:
-    """Background writer of entries into an open zarr root group."""
+    """Background writer of entries into an open zarr root group.
+
+    threads: chunk-writer threads (entries are still completed one at a time, in order).
+    pinned_pool: allocate the pinned ring (``budget_bytes``) now; otherwise it is allocated at the
+    first CUDA tensor submitted. direct: write chunks with the chunk pool when the store is local
+    and there is no compressor (False: always through zarr's array write, one thread).
+    """
 
     def __init__(
         self,
@@ -135,6 +260,9 @@ class StoreWriter:
         progress: bool = True,
         total: int | None = None,
         where: str = "",
+        threads: int | None = None,
+        pinned_pool: bool = False,
+        direct: bool = True,
     ):
         self.root = root
         self.where = where
@@ -142,10 +270,19 @@ class StoreWriter:
         self.codecs = codecs_for(compressor)
         self.compressor = compressor or "none"
         self.chunk_bytes = chunk_bytes
-        self.stats = WriterStats()
+        self.threads = max(1, int(threads or DEFAULT_WRITER_THREADS))
+        self.direct = bool(direct) and self.compressor == "none" and isinstance(root.store,
+                                                                             LocalStore)
+        self.stats = WriterStats(threads=self.threads if self.direct else 1, direct=self.direct)
         self.error: CaptureWriteError | None = None
         self._queue: queue.Queue[PendingEntry | None] = queue.Queue(maxsize=max(1, queue_size))
         self._copy_stream = None
+        self._pool: PinnedPool | None = None
+        if pinned_pool:
+            self._make_pool()
+        self._local = threading.local()
+        self._chunk_pool = (ThreadPoolExecutor(self.threads, thread_name_prefix="capture-chunk")
+                            if self.direct else None)
         self._bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -153,6 +290,14 @@ class StoreWriter:
             self._bar = tqdm(total=total, unit="entry", desc=f"capture {where}", leave=False)
         self._thread = threading.Thread(target=self._run, name="capture-writer", daemon=True)
         self._thread.start()
+
+    def _make_pool(self) -> None:
+        # The budget plus room for the per-tensor alignment of one entry, so an entry of exactly
+        # budget_bytes still fits the ring.
+        self._pool = PinnedPool(self.budget.budget + 8 * POOL_ALIGN)
+        self.stats.pool_bytes = self._pool.capacity
+        self.stats.pool_method = self._pool.method
+        self.stats.pool_alloc_seconds = self._pool.alloc_seconds
 
     # producer side (the hook) ----------------------------------------------------------------------
     def raise_if_failed(self) -> None:
@@ -167,39 +312,62 @@ class StoreWriter:
         if self.budget.failed is not None:
             self.budget.release(nbytes)
             self.raise_if_failed()
-        host, event = self._to_host(arrays)
-        item = PendingEntry(path=path, attrs=attrs, arrays=host, nbytes=nbytes, event=event)
+        try:
+            host, event, region = self._to_host(arrays)
+        except BaseException:
+            self.budget.release(nbytes)
+            raise
+        item = PendingEntry(path=path, attrs=attrs, arrays=host, nbytes=nbytes, event=event,
+                            region=region)
         while True:  # a bounded queue: block, but wake up to notice a dead writer
             try:
                 self._queue.put(item, timeout=0.5)
                 return
             except queue.Full:
                 if self.error is not None:
-                    self.budget.release(nbytes)
+                    self._free(item)
                     raise self.error from None
 
     def _to_host(self, arrays: dict[str, torch.Tensor]):
-        if not any(t.is_cuda for t in arrays.values()):
+        def cpu_copy(t):
             # detach().clone(): the model may reuse or modify its buffers after the hook returns.
-            return {k: t.detach().contiguous().clone() if t.is_contiguous() else
-                    t.detach().contiguous() for k, t in arrays.items()}, None
+            return t.detach().contiguous().clone() if t.is_contiguous() else t.detach().contiguous()
+
+        cuda = [k for k, t in arrays.items() if t.is_cuda]
+        if not cuda:
+            return {k: cpu_copy(t) for k, t in arrays.items()}, None, None
+        if self._pool is None:
+            self._make_pool()  # record() with CUDA tensors and no CUDA model: first use
+        sizes = {k: _align(arrays[k].numel() * arrays[k].element_size()) for k in cuda}
+        region = self._pool.alloc(sum(sizes.values()))
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream()
-        cur = torch.cuda.current_stream()
-        self._copy_stream.wait_stream(cur)
-        host = {}
+        self._copy_stream.wait_stream(torch.cuda.current_stream())
+        host, off = {}, region[0]
         with torch.cuda.stream(self._copy_stream):
             for k, t in arrays.items():
-                buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                if not t.is_cuda:
+                    host[k] = cpu_copy(t)
+                    continue
+                n = t.numel() * t.element_size()
+                buf = self._pool.buf[off:off + n].view(t.dtype).view(t.shape)
+                off += sizes[k]
                 buf.copy_(t.detach(), non_blocking=True)
                 t.record_stream(self._copy_stream)  # keep t alive until the copy finished
                 host[k] = buf
             event = torch.cuda.Event()
             event.record(self._copy_stream)
-        return host, event
+        return host, event, region
+
+    def _free(self, item: PendingEntry) -> None:
+        item.arrays = {}
+        if item.region is not None and self._pool is not None:
+            self._pool.release(item.region)
+            item.region = None
+        self.budget.release(item.nbytes)
 
     def close(self) -> WriterStats:
-        """Flush the queue, stop the thread, and raise the first writer error, if any."""
+        """Flush the queue, stop the threads, free the pinned pool, raise the first writer error."""
         while self._thread.is_alive():
             try:
                 self._queue.put(None, timeout=0.5)
@@ -207,6 +375,13 @@ class StoreWriter:
             except queue.Full:
                 continue
         self._thread.join()
+        if self._chunk_pool is not None:
+            self._chunk_pool.shutdown(wait=True)
+        if self._pool is not None:
+            if self._copy_stream is not None:
+                self._copy_stream.synchronize()
+            self._pool.free()
+            self._pool = None
         if self._bar is not None:
             self._bar.close()
         self.raise_if_failed()
@@ -224,9 +399,10 @@ class StoreWriter:
             except BaseException as exc:  # noqa: BLE001 - surfaced in the caller, naming the entry
                 self.error = _describe(exc, item.path, self.where)
                 self.budget.fail(self.error)
+                if self._pool is not None:
+                    self._pool.fail(self.error)
             finally:
-                item.arrays = {}
-                self.budget.release(item.nbytes)
+                self._free(item)
 
     def _write(self, item: PendingEntry) -> None:
         if item.event is not None:
@@ -234,17 +410,40 @@ class StoreWriter:
         t0 = time.perf_counter()
         attrs = dict(item.attrs, status=STATUS_WRITING, compressor=self.compressor)
         group = self.root.create_group(item.path, overwrite=True, attributes=attrs)
+        jobs: list = []
+        try:
+            self._write_arrays(item, group, jobs)
+        except BaseException:
+            wait_futures(jobs)  # no chunk thread may still read memory the caller recycles
+            raise
+        # Every chunk must be on disk (or failed) before the marker, and before the pinned region
+        # the chunks read from is recycled (the caller frees it after this returns).
+        wait_futures(jobs)
+        for f in jobs:
+            f.result()
+        # The completion marker: written only after every chunk above is on disk.
+        group.attrs.update({"status": STATUS_COMPLETE, "completed_unix": time.time()})
+        self.stats.write_seconds += time.perf_counter() - t0
+        self.stats.entries += 1
+        self.stats.bytes += item.nbytes
+        self.stats.chunks += len(jobs)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix_str(f"{self.stats.mb_per_s:.0f} MiB/s", refresh=False)
+
+    def _write_arrays(self, item: PendingEntry, group: zarr.Group, jobs: list) -> None:
         for name, t in item.arrays.items():
             if name != "q_rows" and not t.is_floating_point():
                 raise TypeError(f"array {name!r}: dtype {t.dtype} is not a storable float dtype")
             np_dt = stored_numpy_dtype(t.dtype) if t.is_floating_point() else np.dtype("int64")
             data = to_numpy_bits(t) if t.is_floating_point() else t.numpy().astype("int64")
             dims = DIMS if data.ndim == 4 else ("query_row",)
+            chunks = chunk_shape(data.shape, np_dt.itemsize, self.chunk_bytes)
             arr = group.create_array(
                 name,
                 shape=data.shape,
                 dtype=np_dt,
-                chunks=chunk_shape(data.shape, np_dt.itemsize, self.chunk_bytes),
+                chunks=chunks,
                 serializer=BytesCodec(),
                 compressors=self.codecs,
                 fill_value=0,
@@ -252,15 +451,55 @@ class StoreWriter:
                 attributes={"torch_dtype": dtype_name(t.dtype)} if t.is_floating_point() else {},
                 overwrite=True,
             )
-            arr[...] = data
-        # The completion marker: written only after every chunk above is on disk.
-        group.attrs.update({"status": STATUS_COMPLETE, "completed_unix": time.time()})
-        self.stats.write_seconds += time.perf_counter() - t0
-        self.stats.entries += 1
-        self.stats.bytes += item.nbytes
-        if self._bar is not None:
-            self._bar.update(1)
-            self._bar.set_postfix_str(f"{self.stats.mb_per_s:.0f} MiB/s", refresh=False)
+            if not self.direct:
+                arr[...] = data
+                continue
+            folder = Path(self.root.store.root) / self.root.path / item.path / name
+            for job in _chunk_jobs(arr, data, chunks, folder):
+                jobs.append(self._chunk_pool.submit(self._write_chunk, *job))
+
+    # chunk threads ---------------------------------------------------------------------------------
+    def _scratch(self, n: int) -> np.ndarray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.size < n:
+            buf = self._local.buf = np.empty(n, dtype=np.uint8)
+        return buf[:n]
+
+    def _write_chunk(self, path: Path, src: np.ndarray, cshape: tuple[int, ...]) -> None:
+        """Write one chunk file as zarr's bytes -> crc32c chain stores it: the C-order chunk
+        bytes (edge chunks padded with the fill value 0 to the full chunk shape), then the crc32c
+        of those bytes as a little-endian uint32."""
+        if src.shape == cshape and src.flags.c_contiguous:
+            payload = src  # one contiguous slab of the host tensor: no copy
+        else:
+            n = int(np.prod(cshape)) * src.itemsize
+            payload = self._scratch(n).view(src.dtype).reshape(cshape)
+            if src.shape != cshape:
+                payload.fill(0)
+            payload[tuple(slice(0, s) for s in src.shape)] = src
+        mv = memoryview(payload).cast("B")
+        crc = struct.pack("<I", google_crc32c.value(payload.reshape(-1).view(np.uint8)))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            while mv:
+                mv = mv[os.write(fd, mv):]
+            os.write(fd, crc)
+        finally:
+            os.close(fd)
+
+
+def _chunk_jobs(arr, data: np.ndarray, chunks: tuple[int, ...], folder: Path):
+    """(file path, source slice, chunk shape) for every chunk of ``data``; makes the folders."""
+    grid = [range(0, n, c) for n, c in zip(data.shape, chunks)]
+    made = set()
+    for starts in np.ndindex(*[len(g) for g in grid]):
+        lo = [g[i] for g, i in zip(grid, starts)]
+        sel = tuple(slice(a, min(a + c, n)) for a, c, n in zip(lo, chunks, data.shape))
+        path = folder / arr.metadata.encode_chunk_key(tuple(starts))
+        if path.parent not in made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            made.add(path.parent)
+        yield path, data[sel], tuple(chunks)
 
 
 def _describe(exc: BaseException, path: str, where: str) -> CaptureWriteError:

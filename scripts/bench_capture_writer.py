@@ -1,0 +1,137 @@
+"""CPU throughput benchmark of the capture writer against a raw sequential write of the same bytes.
+
+Writes ``--entries`` entries of bf16 q/k/v [1, S, H, D] (H3 width by default: 56 heads x 128)
+through ``capture(None, ...).record(...)`` and measures, in the same run and on the same
+filesystem (``--dir``):
+
+- writer: bytes / writer busy time (from an entry's dequeue to its completion marker), the figure
+  the GPU scale check reports, and end to end (first record() to close());
+- the same with the previous path (``direct_writes=False``: one thread, zarr's array write with
+  temp file + rename per chunk), unless ``--no-zarr-path``;
+- raw sequential write: the same bytes, one file per tensor, ``f.write`` in 32 MiB pieces, one
+  thread (the ceiling the target refers to); and raw parallel write with as many threads as the
+  writer uses (for context, not the target).
+
+Every store/folder is deleted right after it is measured so dirty page-cache pages do not pile up.
+Usage:  python scripts/bench_capture_writer.py --seq 16384 --entries 4 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workbench.capture import capture, open_capture  # noqa: E402
+from workbench.capture.writer import DEFAULT_WRITER_THREADS  # noqa: E402
+
+PIECE = 32 * 2**20
+
+
+def _write_file(path: Path, t: torch.Tensor) -> int:
+    buf = t.view(torch.uint8).numpy().reshape(-1)
+    with open(path, "wb") as f:
+        for off in range(0, buf.size, PIECE):
+            f.write(memoryview(buf[off:off + PIECE]))
+    return int(buf.size)
+
+
+def raw_write(tensors, folder: Path, threads: int = 1) -> tuple[int, float]:
+    """Plain file writes of the same bytes: one file per tensor, 32 MiB pieces."""
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if threads == 1:
+        total = sum(_write_file(folder / f"t{i}.bin", t) for i, t in enumerate(tensors))
+    else:
+        with ThreadPoolExecutor(threads) as ex:
+            total = sum(ex.map(lambda it: _write_file(folder / f"t{it[0]}.bin", it[1]),
+                               enumerate(tensors)))
+    return total, time.perf_counter() - t0
+
+
+def capture_write(sources, n_entries, store: Path, **kw) -> dict:
+    t0 = time.perf_counter()
+    with capture(None, store, progress=False, **kw) as cap:
+        for i in range(n_entries):
+            q, k, v = sources[i % len(sources)]
+            cap.record(f"blocks.{i}", q, k, v, step=0, layer=i)
+    end_to_end = time.perf_counter() - t0
+    st = cap.stats
+    return {"bytes": st.bytes, "busy_s": st.write_seconds, "mib_s": st.mb_per_s,
+            "end_to_end_s": end_to_end, "end_to_end_mib_s": st.bytes / 2**20 / end_to_end,
+            "threads": st.threads, "direct": st.direct, "chunks": st.chunks,
+            "budget_waits": cap.writer.budget.waits}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seq", type=int, default=16384)
+    ap.add_argument("--heads", type=int, default=56)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--entries", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--budget-gb", type=float, default=2.0)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--no-zarr-path", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    threads = args.threads or DEFAULT_WRITER_THREADS
+    g = torch.Generator().manual_seed(0)
+    shape = (1, args.seq, args.heads, args.dim)
+    # Two distinct source entries, reused (record() clones them, as it would live activations).
+    sources = [tuple(torch.randn(shape, generator=g).to(torch.bfloat16) for _ in range(3))
+               for _ in range(min(2, args.entries))]
+    tensors = [t for i in range(args.entries) for t in sources[i % len(sources)]]
+    scratch = Path(args.dir or tempfile.mkdtemp(prefix="capbench_"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    res = {"shape": list(shape), "entries": args.entries, "dtype": "bfloat16",
+           "total_gib": sum(t.numel() * 2 for t in tensors) / 2**30, "cpu_count": os.cpu_count(),
+           "torch": torch.__version__}
+
+    def measured_raw(tag, n_threads):
+        b, s = raw_write(tensors, scratch / tag, threads=n_threads)
+        shutil.rmtree(scratch / tag)
+        return {"bytes": b, "s": s, "mib_s": b / 2**20 / s}
+
+    res["raw_sequential"] = measured_raw("raw1", 1)
+    kw = dict(budget_bytes=int(args.budget_gb * 2**30), queue_size=16)
+    res["writer"] = capture_write(sources, args.entries, scratch / "new.zarr",
+                                  writer_threads=threads, **kw)
+    r = open_capture(scratch / "new.zarr")  # bit-exact round trip of the last entry
+    last = args.entries - 1
+    got = r.qkv(0, last)
+    res["round_trip_bit_exact"] = all(
+        torch.equal(a.view(torch.int16), b.view(torch.int16))
+        for a, b in zip(got, sources[last % len(sources)]))
+    res["verify_problems"] = r.verify()
+    shutil.rmtree(scratch / "new.zarr")
+    if not args.no_zarr_path:
+        res["writer_zarr_path"] = capture_write(sources, args.entries, scratch / "old.zarr",
+                                                direct_writes=False, **kw)
+        shutil.rmtree(scratch / "old.zarr")
+    res["raw_sequential_again"] = measured_raw("raw1b", 1)
+    res[f"raw_parallel_{threads}"] = measured_raw("rawp", threads)
+    raw = (res["raw_sequential"]["mib_s"] + res["raw_sequential_again"]["mib_s"]) / 2
+    res["writer_vs_raw_sequential"] = res["writer"]["mib_s"] / raw
+    if "writer_zarr_path" in res:
+        res["zarr_path_vs_raw_sequential"] = res["writer_zarr_path"]["mib_s"] / raw
+    if args.dir is None:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(json.dumps(res, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return 0 if res["round_trip_bit_exact"] and not res["verify_problems"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
