@@ -9,6 +9,7 @@ widgets and the report both call these, so what a notebook shows is what a PR ex
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,11 +194,14 @@ def evaluate_recipes(
     step: int | None = None,
     layer: int | None = None,
     progress=None,
+    cache: dict | None = None,
 ) -> Comparison:
     """Run every recipe on the same rows of q [B, S, H, D], k/v [B, S, Hkv, D].
 
     heads: labels of q's heads (default 0..H-1). step/layer apply the recipes' dense policy only
     when given. progress(i, n, message) is called before each stage (reference, then recipes).
+    cache: a dict the caller keeps; a recipe already evaluated on the same tensors, rows and
+    (step, layer) is taken from it (the widget: changing B does not recompute A).
     """
     t0 = time.perf_counter()
     S = q.shape[1]
@@ -215,6 +219,10 @@ def evaluate_recipes(
             progress(i, n, f"recipe {name}")
         t1 = time.perf_counter()
         r = get_recipe(r)
+        key = (id(q), id(k), id(v), r.to_json(), tuple(idx.tolist()), step, layer, rotated)
+        if cache is not None and key in cache:
+            evals[name] = dataclasses.replace(cache[key][0], name=name)
+            continue
         res = recipe_attention(q, k, v, r, query_index=idx, layout=layout, step=step, layer=layer,
                                return_block_map=True)
         bm = boundary_metrics(res, q, k, v, ref)
@@ -234,6 +242,11 @@ def evaluate_recipes(
             exact_fraction=res.exact_fraction, block_map=block_map, block=block,
             row_sq_err=bm.row_sq_err.cpu(), seconds=time.perf_counter() - t1,
         )
+        if cache is not None:
+            if len(cache) > 256:
+                cache.clear()
+            # Holding q/k/v keeps their ids from being reused by other tensors while cached.
+            cache[key] = (evals[name], (q, k, v))
     if progress:
         progress(n, n, "done")
     return Comparison(evals=evals, query_rows=[int(i) for i in idx.cpu().tolist()],
@@ -252,6 +265,7 @@ def layer_head_grid(
     heads: list[int] | None = None,
     n_queries: int = 64,
     dense_policy: bool = False,
+    cache: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """{metric: [n_layers, n_heads]} of one recipe at one step, every layer of the source."""
     heads = heads if heads is not None else source.heads
@@ -261,7 +275,7 @@ def layer_head_grid(
         c = evaluate_recipes(q, k, v, {"r": recipe}, layout=source.layout, n_queries=n_queries,
                              heads=heads, rotated=source.rotated,
                              step=step if dense_policy else None,
-                             layer=layer if dense_policy else None)
+                             layer=layer if dense_policy else None, cache=cache)
         for m in metrics:
             out[m][i] = c.evals["r"].heads[boundary][m]
     return out

@@ -85,6 +85,9 @@ class SmoothingExplorer:
         self.last_seconds = float("nan")
         self.error: str | None = None
         self.show_heatmap = heatmap
+        # Evaluations already computed on this source (q/k/v tensors are cached by the source, so
+        # their ids are stable): changing B does not recompute A, nor the grid's other layers.
+        self._cache: dict = {}
         src = self.source
         base_b = get_recipe(recipe_b)
 
@@ -212,6 +215,7 @@ class SmoothingExplorer:
             self._set_status(f"cannot open {change['new']}: {exc}", error=True)
             return
         self.source = src
+        self._cache = {}
         auto, self.w_auto.value = self.w_auto.value, False
         self.w_step.options, self.w_step.value = src.steps, src.steps[0]
         self.w_layer.options, self.w_layer.value = src.layers, src.layers[-1]
@@ -253,12 +257,13 @@ class SmoothingExplorer:
             self.comparison = evaluate_recipes(
                 q, k, v, {"A": a, "B": b}, layout=src.layout, n_queries=self.w_queries.value,
                 heads=heads, rotated=src.rotated, step=step if policy else None,
-                layer=layer if policy else None, progress=self._progress,
+                layer=layer if policy else None, progress=self._progress, cache=self._cache,
             )
             if self.show_heatmap:
                 self._set_status("per-head grid over layers ...")
                 self.grid = layer_head_grid(src, step, b, heads=heads,
-                                            n_queries=self.w_queries.value, dense_policy=policy)
+                                            n_queries=self.w_queries.value, dense_policy=policy,
+                                            cache=self._cache)
             self._draw()
         except Exception as exc:  # noqa: BLE001 - the widget must say what failed, not die
             self.error = f"{type(exc).__name__}: {exc}"
