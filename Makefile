@@ -34,8 +34,10 @@ demo: $(STAMP)
 test: $(DEV_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Opens the smoothing explorer (run all cells: it loads the shipped capture under captures/).
+LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
-	$(BIN)/jupyter lab --LabApp.news_url=None --ServerApp.root_dir=notebooks \
+	$(BIN)/jupyter lab --LabApp.news_url=None --ServerApp.root_dir=notebooks $(LAB_ROOT_FLAG) \
 		notebooks/02_smoothing_explorer.ipynb
 
 lint: $(DEV_STAMP)
