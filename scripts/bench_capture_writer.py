@@ -12,8 +12,10 @@ filesystem (``--dir``):
   thread (the ceiling the target refers to); and raw parallel write with as many threads as the
   writer uses (for context, not the target).
 
-Every store/folder is deleted right after it is measured so dirty page-cache pages do not pile up.
-Usage:  python scripts/bench_capture_writer.py --seq 16384 --entries 4 [--json out.json]
+Measurements are interleaved (raw, writer, zarr path, raw parallel) ``--repeats`` times, each after
+``os.sync()`` and each store/folder deleted right after it is measured, so dirty page-cache pages
+do not pile up; medians are reported. Usage:
+    python scripts/bench_capture_writer.py --seq 8192 --entries 4 --repeats 3 [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -82,6 +85,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--budget-gb", type=float, default=2.0)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-zarr-path", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -99,32 +103,43 @@ def main() -> int:
            "torch": torch.__version__}
 
     def measured_raw(tag, n_threads):
+        os.sync()  # start from a clean page cache state (not timed)
         b, s = raw_write(tensors, scratch / tag, threads=n_threads)
         shutil.rmtree(scratch / tag)
         return {"bytes": b, "s": s, "mib_s": b / 2**20 / s}
 
-    res["raw_sequential"] = measured_raw("raw1", 1)
-    kw = dict(budget_bytes=int(args.budget_gb * 2**30), queue_size=16)
-    res["writer"] = capture_write(sources, args.entries, scratch / "new.zarr",
-                                  writer_threads=threads, **kw)
-    r = open_capture(scratch / "new.zarr")  # bit-exact round trip of the last entry
-    last = args.entries - 1
-    got = r.qkv(0, last)
-    res["round_trip_bit_exact"] = all(
-        torch.equal(a.view(torch.int16), b.view(torch.int16))
-        for a, b in zip(got, sources[last % len(sources)]))
-    res["verify_problems"] = r.verify()
-    shutil.rmtree(scratch / "new.zarr")
+    def measured_writer(tag, **extra):
+        os.sync()
+        kw = dict(budget_bytes=int(args.budget_gb * 2**30), queue_size=16)
+        out = capture_write(sources, args.entries, scratch / tag, **kw, **extra)
+        if "round_trip_bit_exact" not in res:  # bit-exact round trip of the last entry, once
+            r = open_capture(scratch / tag)
+            last = args.entries - 1
+            res["round_trip_bit_exact"] = all(
+                torch.equal(a.view(torch.int16), b.view(torch.int16))
+                for a, b in zip(r.qkv(0, last), sources[last % len(sources)]))
+            res["verify_problems"] = r.verify()
+        shutil.rmtree(scratch / tag)
+        return out
+
+    # Interleaved repeats: the machine is shared, so raw and writer see the same conditions.
+    runs = {"raw_sequential": [], "writer": [], f"raw_parallel_{threads}": []}
     if not args.no_zarr_path:
-        res["writer_zarr_path"] = capture_write(sources, args.entries, scratch / "old.zarr",
-                                                direct_writes=False, **kw)
-        shutil.rmtree(scratch / "old.zarr")
-    res["raw_sequential_again"] = measured_raw("raw1b", 1)
-    res[f"raw_parallel_{threads}"] = measured_raw("rawp", threads)
-    raw = (res["raw_sequential"]["mib_s"] + res["raw_sequential_again"]["mib_s"]) / 2
-    res["writer_vs_raw_sequential"] = res["writer"]["mib_s"] / raw
-    if "writer_zarr_path" in res:
-        res["zarr_path_vs_raw_sequential"] = res["writer_zarr_path"]["mib_s"] / raw
+        runs["writer_zarr_path"] = []
+    for _ in range(args.repeats):
+        runs["raw_sequential"].append(measured_raw("raw1", 1))
+        runs["writer"].append(measured_writer("new.zarr", writer_threads=threads))
+        if "writer_zarr_path" in runs:
+            runs["writer_zarr_path"].append(measured_writer("old.zarr", direct_writes=False))
+        runs[f"raw_parallel_{threads}"].append(measured_raw("rawp", threads))
+    res["runs"] = runs
+    med = {k: statistics.median(r["mib_s"] for r in v) for k, v in runs.items()}
+    res["median_mib_s"] = med
+    res["writer_vs_raw_sequential"] = med["writer"] / med["raw_sequential"]
+    res["writer_vs_raw_sequential_per_repeat"] = [
+        w["mib_s"] / r["mib_s"] for w, r in zip(runs["writer"], runs["raw_sequential"])]
+    if "writer_zarr_path" in med:
+        res["zarr_path_vs_raw_sequential"] = med["writer_zarr_path"] / med["raw_sequential"]
     if args.dir is None:
         shutil.rmtree(scratch, ignore_errors=True)
     print(json.dumps(res, indent=2))
