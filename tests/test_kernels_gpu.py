@@ -92,13 +92,12 @@ def test_quantized_operands_match_emulation_bitwise():
     k_dq = (qq.k8.float() * sk)[:, :, :1000].transpose(1, 2) + mu_k[:, None]
     sq = qq.q_scale.repeat_interleave(64, 2)[..., None]
     q_dq = (qq.q8.float() * sq)[:, :, :1000].transpose(1, 2)
-    # Bitwise equality holds in the interpreter (CPU tests); on the H200 (2026-11-30) k_dq was not
-    # bitwise equal to the twin (cause not yet established): assert the mismatch is rare and at
-    # most one E4M3 step of the block scale.
-    for got, want, s in ((k_dq, emu.k_dq, sk), (q_dq, emu.q_dq, sq)):
-        assert float((got != want).float().mean()) < 1e-3
-        step = (s[:, :, :1000].transpose(1, 2) * 32).expand_as(got)  # E4M3 step near 448
-        assert bool(((got - want).abs() <= step).all())
+    # Bitwise: the kernel forms the Q/K scale as torch's CUDA `amax / 448.0` does (a multiply by
+    # fl(1/448), see quantize._quant_tokens_kernel) and divides x / scale with IEEE div_rn.
+    assert torch.equal(k_dq, emu.k_dq)
+    assert torch.equal(q_dq, emu.q_dq)
+    v_op = (qq.v8t.float() * qq.v_scale[..., None])[..., :1000].permute(0, 3, 1, 2)
+    assert torch.equal(v_op + emu.v_corr[:, None], emu.v_dq)  # V codes and channel scales
     torch.testing.assert_close(st.mu_v, emu.mu_v, rtol=1e-5, atol=1e-5)
 
 

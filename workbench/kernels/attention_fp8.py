@@ -42,7 +42,7 @@ LN2 = 0.6931471805599453
 def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
              HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
     """K tile [BLOCK_N, D] (D contiguous) and V tile [BLOCK_N, D] read from V^T (tokens contiguous)."""
-    if USE_TMA:
+    if USE_TMA != 0:  # 1: host-built descriptors, 2: descriptors built in the kernel
         k = kd.load([kbase + n0, 0])
         v = tl.trans(vd.load([vbase, n0]))
     else:
@@ -54,37 +54,71 @@ def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
 @triton.jit
 def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
-               ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr):
+               ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
+               LAZY_TAU: tl.constexpr):
     """One key tile of the online softmax. Returns the updated (acc, l_i, m_i)."""
-    sk = tl.load(SK + skbase + (n0 + offs_n) // SCALE_BLOCK)
-    # t = raw score * K scale; the row max m is kept in t units and the Q-row factor qs (Q scale *
-    # softmax scale * log2 e, > 0) enters through one FMA: p = 2^(t*qs - m*qs). One multiply and one
-    # subtract fewer per element than s = t*qs; p = 2^(s - m) (this loop is ALU/MUFU-bound).
-    t = tl.dot(q, tl.trans(k), max_num_imprecise_acc=IMP_QK) * sk[None, :]
-    if MASK_KEYS:
-        t = tl.where((n0 + offs_n < S)[None, :], t, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(t, axis=1))
-    mq = m_new * qs
-    alpha = tl.math.exp2(m_i * qs - mq)
-    p = tl.math.exp2(t * qs[:, None] - mq[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None]
+    # The row max m is kept in "t units" (raw score * K scale); the Q-row factor qs (Q scale *
+    # softmax scale * log2 e, > 0) enters through one FMA per element: p = 2^(x*f - m*qs).
+    raw = tl.dot(q, tl.trans(k), max_num_imprecise_acc=IMP_QK)
+    if BLOCK_N == SCALE_BLOCK:
+        # One K scale for the whole tile: fold it into the per-row factor (f = qs * s_k) and into
+        # the row max (s_k > 0 commutes with max), so the tile needs no per-element multiply.
+        skv = tl.load(SK + skbase + n0 // SCALE_BLOCK)
+        x = raw
+        if MASK_KEYS:
+            x = tl.where((n0 + offs_n < S)[None, :], x, float("-inf"))
+        m_cand = tl.maximum(m_i, tl.max(x, axis=1) * skv)
+        f = qs * skv
+    else:
+        if BLOCK_N == 2 * SCALE_BLOCK:  # two scalar loads instead of a per-column gather
+            s0 = tl.load(SK + skbase + n0 // SCALE_BLOCK)
+            s1 = tl.load(SK + skbase + n0 // SCALE_BLOCK + 1)
+            sk = tl.where(offs_n < SCALE_BLOCK, s0, s1)
+        else:
+            sk = tl.load(SK + skbase + (n0 + offs_n) // SCALE_BLOCK)
+        x = raw * sk[None, :]
+        if MASK_KEYS:
+            x = tl.where((n0 + offs_n < S)[None, :], x, float("-inf"))
+        m_cand = tl.maximum(m_i, tl.max(x, axis=1))
+        f = qs
+    if LAZY_TAU > 0:
+        # Lazy rescaling (FA4): keep the stale max m_i (so skip acc *= alpha, a BLOCK_M x D
+        # multiply) unless some row's max grew by more than LAZY_TAU in log2 units. Exact in
+        # math: acc and l share the same reference max and the epilogue divides acc by l. P is
+        # then <= 2^LAZY_TAU (256 for 8, below E4M3's 448), and E4M3 keeps its 3-bit relative
+        # precision there; the first tile always rescales (m_i = -inf).
+        grow = tl.max((m_cand - m_i) * qs, axis=0)
+        if grow > LAZY_TAU:
+            alpha = tl.math.exp2(m_i * qs - m_cand * qs)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_cand
+        p = tl.math.exp2(tl.fma(x, f[:, None], -(m_i * qs)[:, None]))
+        l_i = l_i + tl.sum(p, axis=1)
+    else:
+        mq = m_cand * qs
+        alpha = tl.math.exp2(m_i * qs - mq)
+        p = tl.math.exp2(tl.fma(x, f[:, None], -mq[:, None]))
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        m_i = m_cand
     if ROUND_P:
         p = round_unit_to_e4m3(p)
     acc = tl.dot(p.to(tl.float8e4nv), v, acc, max_num_imprecise_acc=IMP_PV)
-    return acc, l_i, m_new
+    return acc, l_i, m_i
 
 
 @triton.jit
 def _fp8_attn_fwd_kernel(
     Q8, SQ, K8, SK, V8T, VS, VC, OUT, LSE,
     qd, kd, vd,
-    S, S_pad, H, GROUP, row_start, qk_scale_log2,
+    S, S_pad, H, GROUP, row_start, qk_scale_log2, n_kv_rows,
     stride_ob, stride_os, stride_oh,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
     IMP_PV: tl.constexpr,
     WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
+    LAZY_TAU: tl.constexpr, WARP_SPEC: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -98,7 +132,14 @@ def _fp8_attn_fwd_kernel(
     d = tl.arange(0, HEAD_D)
     n_scale = S_pad // SCALE_BLOCK
 
-    if USE_TMA:
+    if USE_TMA == 2:  # device-side descriptors (what triton's Hopper warp specialization needs)
+        qd = tl.make_tensor_descriptor(Q8, shape=[n_kv_rows * GROUP, HEAD_D], strides=[HEAD_D, 1],
+                                       block_shape=[BLOCK_M, HEAD_D])
+        kd = tl.make_tensor_descriptor(K8, shape=[n_kv_rows, HEAD_D], strides=[HEAD_D, 1],
+                                       block_shape=[BLOCK_N, HEAD_D])
+        vd = tl.make_tensor_descriptor(V8T, shape=[n_kv_rows // S_pad * HEAD_D, S_pad],
+                                       strides=[S_pad, 1], block_shape=[HEAD_D, BLOCK_N])
+    if USE_TMA != 0:
         q = qd.load([bh * S_pad + m0, 0])
     else:
         q = tl.load(Q8 + (bh * S_pad + offs_m)[:, None] * HEAD_D + d[None, :])
@@ -115,7 +156,7 @@ def _fp8_attn_fwd_kernel(
     # Main loop over full key tiles: no masks (pad keys exist only in the peeled tile).
     # triton 3.6's interpreter with numpy >= 2.4 fails on `for` loops with a run-time bound, so the
     # interpreter runs the same tile function in a `while` loop; compiled code keeps the `for`
-    # (software-pipelined by num_stages).
+    # (software-pipelined by num_stages, optionally warp-specialized).
     if INTERPRET:
         j = 0
         while j < n_full:
@@ -123,26 +164,33 @@ def _fp8_attn_fwd_kernel(
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV)
+                                       IMP_QK, IMP_PV, LAZY_TAU)
             j += 1
     else:
-        for j in range(n_full):
+        for j in tl.range(0, n_full, warp_specialize=WARP_SPEC):
             k, v = _load_kv(K8, V8T, kd, vd, kbase, vbase, j * BLOCK_N, S_pad, offs_n, d,
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV)
+                                       IMP_QK, IMP_PV, LAZY_TAU)
     # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked to -inf).
     if n_full * BLOCK_N < S:
         n0 = n_full * BLOCK_N
         k, v = _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
                         HEAD_D, BLOCK_N, USE_TMA)
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
-                                   BLOCK_N, SCALE_BLOCK, True, ROUND_P, IMP_QK, IMP_PV)
+                                   BLOCK_N, SCALE_BLOCK, True, ROUND_P, IMP_QK, IMP_PV,
+                                   LAZY_TAU)
 
     # Epilogue: V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32.
     vs = tl.load(VS + bhk * HEAD_D + d)
     o = acc * (vs[None, :] / l_i[:, None])
+    if not INTERPRET:
+        # An opaque move keeps the compiler from contracting o + vc below into one FMA, so the
+        # fused output is bitwise bf16(fp32(o) + vc), the same as the OUT_F32 + merge pass
+        # (H200, 2026-11-30: without it the two differed in the last bit).
+        o = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [o], dtype=tl.float32,
+                                      is_pure=True, pack=1)
     row_ok = (offs_m < S) & (offs_m >= row_start)
     optr = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + d[None, :]
     if OUT_F32:  # the FP32 attention output for the separate merged pass (no correction)
@@ -156,6 +204,21 @@ def _fp8_attn_fwd_kernel(
     if WRITE_LSE:
         lse = (m_i * qs + tl.math.log2(l_i)) * 0.6931471805599453
         tl.store(LSE + bh * S + offs_m, lse, mask=offs_m < S)
+
+
+_ALLOCATOR_SET = False
+
+
+def _ensure_allocator():
+    """Device-side descriptors need a global scratch allocator (triton.set_allocator), once."""
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        triton.set_allocator(
+            lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _ALLOCATOR_SET = True
+
+
+TMA_MODES = {False: 0, None: 0, "none": 0, True: 1, "host": 1, "device": 2}
 
 
 def fp8_attention_fwd(
@@ -174,12 +237,19 @@ def fp8_attention_fwd(
     num_stages: int = 3,
     max_imprecise: int = 128,
     round_p: bool | None = None,
-    use_tma: bool = False,
+    use_tma: bool | str = False,
+    lazy_tau: float = 0.0,
+    warp_specialize: bool = False,
+    maxnreg: int | None = None,
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
     out: optional preallocated [B, S, H, D] (rows < row_start are left untouched: the dense-prefix
     rows that the merged pass fills). out_f32: write FP32 o = acc * s_v / l WITHOUT v_corr.
+    use_tma: False (pointer loads), True/"host" (host-built TMA descriptors), "device" (built in
+    the kernel). lazy_tau: lazy-rescale threshold in log2 units (0 = rescale every tile).
+    (exp2 already compiles to ex2.approx.ftz.f32, one MUFU op.) warp_specialize: triton's automatic warp specialization
+    of the key loop (experimental on Hopper in triton 3.6; needs device descriptors).
     """
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
@@ -187,31 +257,41 @@ def fp8_attention_fwd(
     interp = interpreting()
     if round_p is None:
         round_p = False  # GPU: the hardware cast rounds identically (tested) and is 22% faster
+    tma = TMA_MODES[use_tma]
     if interp:
         round_p = True  # the interpreter's fp8 cast mis-rounds: explicit rounding is required
         num_stages = 1
+        warp_specialize = False
+        tma = min(tma, 1)
     assert S_pad % block_m == 0 and S_pad % block_n == 0
+    if lazy_tau > 8:
+        raise ValueError("lazy_tau > 8 lets P exceed 256 (E4M3 saturates at 448)")
     if out is None:
         dt = torch.float32 if out_f32 else out_dtype
         out = torch.empty((B, S, H, D), dtype=dt, device=qkv.q8.device)
     lse = torch.empty((B, H, S), dtype=torch.float32, device=out.device) if return_lse else None
     qd = kd = vd = None
-    if use_tma:
+    if tma == 1:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         qd = TensorDescriptor.from_tensor(qkv.q8.view(B * H * S_pad, D), [block_m, D])
         kd = TensorDescriptor.from_tensor(qkv.k8.view(B * Hkv * S_pad, D), [block_n, D])
         vd = TensorDescriptor.from_tensor(qkv.v8t.view(B * Hkv * D, S_pad), [D, block_n])
+    elif tma == 2:
+        _ensure_allocator()
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
     grid = (triton.cdiv(S, block_m), B * H)
     _fp8_attn_fwd_kernel[grid](
         qkv.q8, qkv.q_scale, qkv.k8, qkv.k_scale, qkv.v8t, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,
         qd, kd, vd,
-        S, S_pad, H, H // Hkv, row_start, scale * LOG2E,
+        S, S_pad, H, H // Hkv, row_start, scale * LOG2E, B * Hkv * S_pad,
         out.stride(0), out.stride(1), out.stride(2),
         HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, SCALE_BLOCK=64, ROUND_P=round_p,
-        IMP_QK=min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n), WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=use_tma,
-        INTERPRET=interp, num_warps=num_warps, num_stages=num_stages,
+        IMP_QK=min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n),
+        WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=tma, LAZY_TAU=float(lazy_tau),
+        WARP_SPEC=bool(warp_specialize),
+        INTERPRET=interp, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out, lse
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -37,8 +38,15 @@ from .e4m3 import interpreting, round_to_e4m3
 
 SEQ_PAD = 256
 QK_BLOCK = 64  # tokens per Q/K scale (the recipe's qk_block)
-V_ROWS = 64
-V_SUB = 4  # 256 tokens per V program
+# V pass: 256 tokens per program as two 128-token tiles, 8 warps (H200 sweep, 2026-11-30:
+# 3.18 ms for the whole Q/K/V pass with 64x4 tiles and 4 warps, 1.86 ms with this)
+V_ROWS = 128
+V_SUB = 2
+V_WARPS = 8
+QK_WARPS = 4
+V_TRANS_STORE = True  # transpose the tile in the kernel so the V^T store is token-contiguous
+# fl32(1/448) = what torch's CUDA `amax / 448.0` multiplies by (see _quant_tokens_kernel)
+INV_448: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(448.0)))
 CORR_CHUNKS = 8
 
 
@@ -65,7 +73,7 @@ def _quant_tokens_kernel(
     X, MU, OUT8, SCALE,
     S, S_pad, H, HMU_GROUP,
     stride_xb, stride_xs, stride_xh,
-    HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr,
+    HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr, SCALE_RECIP: tl.constexpr,
 ):
     """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
     blk = tl.program_id(0)
@@ -81,9 +89,17 @@ def _quant_tokens_kernel(
         mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
         x = tl.where(ok, x - mu[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    # IEEE divisions (div_rn): Triton's plain fp32 `/` is an approximate division on the GPU, and
-    # the twin (torch) divides exactly; with div_rn the E4M3 codes match the twin bit for bit.
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+    # The scale is computed exactly as the twin's torch ``amax / 448.0`` is on the same device:
+    # torch's CUDA division by a Python scalar multiplies by the FP32 reciprocal (fl(1/448), not a
+    # division: up to 1 ulp different, and then every dequantized value of the block differs),
+    # while torch on the CPU divides. SCALE_RECIP = True on the GPU, False in the interpreter
+    # (whose twin runs on the CPU). x / scale is an IEEE division (div_rn) on both, as torch's
+    # tensor-by-tensor division; Triton's plain fp32 `/` would be approximate on the GPU.
+    if SCALE_RECIP:
+        scale = tl.where(amax > 0, amax * INV_448, 1.0)
+    else:
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)),
+                         1.0)
     q = round_to_e4m3(tl.math.div_rn(x, tl.broadcast_to(scale, x.shape)))
     tl.store(OUT8 + (bh * S_pad + t[:, None]) * HEAD_D + d[None, :], q.to(tl.float8e4nv))
     tl.store(SCALE + bh * (S_pad // BLOCK) + blk, scale)
@@ -95,6 +111,7 @@ def _quant_v_kernel(
     S, S_pad, HKV, n_chunks,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, CENTER: tl.constexpr,
+    TRANS_STORE: tl.constexpr,
 ):
     """One program = one (batch, head, 256-token chunk): center, round with channel scales, store
     transposed, and keep the per-channel sum of the quantized values for the correction."""
@@ -116,8 +133,13 @@ def _quant_v_kernel(
         x = tl.where(ok, x - mu[None, :], 0.0)
         q = round_to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape)))
         qsum += q
-        # transposed store: [D, ROWS] with tokens contiguous
-        tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q.to(tl.float8e4nv))
+        # transposed store: [D, ROWS] with tokens contiguous. TRANS_STORE transposes the tile
+        # first (through shared memory) so each thread writes runs of consecutive tokens.
+        if TRANS_STORE:
+            tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :],
+                     tl.trans(q.to(tl.float8e4nv)))
+        else:
+            tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q.to(tl.float8e4nv))
     tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
 
 
@@ -164,6 +186,7 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
     S_pad = padded_len(S)
     nb = S_pad // QK_BLOCK
     dev = q.device
+    interp = interpreting()
     f8 = torch.float8_e4m3fn
     q8 = torch.empty((B, H, S_pad, D), dtype=f8, device=dev)
     k8 = torch.empty((B, Hkv, S_pad, D), dtype=f8, device=dev)
@@ -172,19 +195,21 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
     k_scale = torch.empty((B, Hkv, nb), dtype=torch.float32, device=dev)
     _quant_tokens_kernel[(nb, B * H)](
         q, q, q8, q_scale, S, S_pad, H, 1, q.stride(0), q.stride(1), q.stride(2),
-        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=False, num_warps=4,
+        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=False, SCALE_RECIP=not interp, num_warps=QK_WARPS,
     )
     _quant_tokens_kernel[(nb, B * Hkv)](
         k, mu_k, k8, k_scale, S, S_pad, Hkv, 1, k.stride(0), k.stride(1), k.stride(2),
-        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=smooth_k, num_warps=4,
+        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=smooth_k, SCALE_RECIP=not interp, num_warps=QK_WARPS,
     )
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
+    assert S_pad % (V_ROWS * V_SUB) == 0
     n_chunks = S_pad // (V_ROWS * V_SUB)
     psum = torch.empty((B * Hkv, n_chunks, D), dtype=torch.float32, device=dev)
     _quant_v_kernel[(n_chunks, B * Hkv)](
         v, mu_v, v_scale, v8t, psum, S, S_pad, Hkv, n_chunks,
         v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, num_warps=4,
+        HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, TRANS_STORE=V_TRANS_STORE,
+        num_warps=V_WARPS,
     )
     v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=dev)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)
