@@ -185,19 +185,22 @@ def _fp8_attn_fwd_kernel(
     # Epilogue: V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32.
     vs = tl.load(VS + bhk * HEAD_D + d)
     o = acc * (vs[None, :] / l_i[:, None])
-    if not INTERPRET:
-        # An opaque move keeps the compiler from contracting o + vc below into one FMA, so the
-        # fused output is bitwise bf16(fp32(o) + vc), the same as the OUT_F32 + merge pass
-        # (H200, 2026-11-30: without it the two differed in the last bit).
-        o = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [o], dtype=tl.float32,
-                                      is_pure=True, pack=1)
     row_ok = (offs_m < S) & (offs_m >= row_start)
     optr = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + d[None, :]
     if OUT_F32:  # the FP32 attention output for the separate merged pass (no correction)
         tl.store(optr, o, mask=row_ok[:, None])
     else:
         vc = tl.load(VC + bhk * HEAD_D + d)
-        y = o + vc[None, :]
+        if INTERPRET:
+            y = o + vc[None, :]
+        else:
+            # add.rn: PTX adds with an explicit rounding mode are never contracted, so ptxas
+            # cannot fuse acc * (s_v / l) + vc into one FMA; the output is then bitwise
+            # bf16(fp32(o) + vc), the same as the OUT_F32 + merge pass (H200, 2026-11-30: a
+            # plain add was fused and the two differed in the last bit).
+            y = tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f",
+                                          [o, tl.broadcast_to(vc[None, :], o.shape)],
+                                          dtype=tl.float32, is_pure=True, pack=1)
         if OUT.dtype.element_ty == tl.bfloat16:
             y = round_to_bf16(y)  # explicit RNE: the interpreter's bf16 cast truncates
         tl.store(optr, y.to(OUT.dtype.element_ty), mask=row_ok[:, None])

@@ -24,12 +24,14 @@ from .attention_fp8 import fp8_attention_fwd
 from .kv_stats import kv_stats
 from .quantize import quantize_qkv
 
-# Chosen from scripts/gpu_kernels.py's sweep on an H200 (see BENCHMARKS.md); any is correct.
+# Chosen from scripts/gpu_kernels.py's sweeps on an H200 (see BENCHMARKS.md); any is correct.
 # round_p None = explicit P rounding only in the interpreter (hardware cast on the GPU).
-# 2026-11-30 sweep at (1, 32626, 56, 128): 64x128 tiles, 4 warps, 3 stages, TMA = 45.7 ms
-# (128x128 w8 s3 pointer loads: 51.9 ms; stages 4: 49.6 ms; BLOCK_M 64 w4 pointers: 48.1 ms).
-TUNING = {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 3, "max_imprecise": 128,
-          "round_p": None, "use_tma": True}
+# 2026-11-30 second sweep at (1, 32626, 56, 128): 64x128 tiles, 4 warps, 2 stages, host TMA,
+# register cap 168 (3 programs per SM instead of 2) = 40.9 / 41.9 ms; the previous default
+# (3 stages, no cap) 43.4 / 44.7 ms in the same run. Lazy rescaling, 64-key tiles, 128-row tiles
+# and triton's Hopper warp specialization were all slower (first sweep).
+TUNING = {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 2, "max_imprecise": 128,
+          "round_p": None, "use_tma": True, "lazy_tau": 0.0, "maxnreg": 168}
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 
