@@ -252,3 +252,64 @@ def test_two_readers_while_writing(tmp_path):
     for s in seen:
         assert s == sorted(s) and s[-1] == n  # monotone listing, ends with every entry
         assert len(set(s)) > 2  # the reader saw the store grow, not only its final state
+
+
+def test_direct_chunk_writes_are_byte_identical_to_zarr_writes(tmp_path):
+    """The chunk-writer pool writes the exact files zarr's own array write produces (edge chunks
+    padded, crc32c appended), for bf16 / fp16 / fp8 and the int64 q_rows."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 300, 7, 32, generator=g).to(torch.bfloat16)
+    k = torch.randn(1, 300, 7, 32, generator=g).to(torch.bfloat16)
+    v = torch.randn(1, 300, 7, 32, generator=g).to(torch.bfloat16)
+    cases = {"bf16": (q, k, v), "fp8": tuple(t.to(torch.float8_e4m3fn) for t in (q, k, v)),
+             "fp16": tuple(t.half() for t in (q, k, v))}
+    files = {}
+    for direct in (True, False):
+        store = tmp_path / f"d{direct}.zarr"
+        # 3 heads per chunk over 7 heads: the last chunk is an edge chunk (1 head + padding).
+        with capture(None, store, progress=False, chunk_bytes=3 * 300 * 32 * 2 + 1,
+                     query_rows=[0, 7, 299], direct_writes=direct, writer_threads=3) as cap:
+            for i, (name, qkv) in enumerate(cases.items()):
+                cap.record(name, *qkv, step=0, layer=i)
+        assert cap.stats.direct is direct
+        # per entry: q (3 rows) 1 chunk, q_rows 1, k and v 3 each (bf16/fp16: 3+3+1 heads) or
+        # 2 each (fp8: 6+1 heads)
+        assert cap.stats.chunks == ((8 + 6 + 8) if direct else 0)
+        files[direct] = {p.relative_to(store).as_posix(): p.read_bytes()
+                         for p in store.rglob("*") if p.is_file() and "/c/" in p.as_posix()}
+        r = open_capture(store)
+        assert r.verify() == []
+        for i, qkv in enumerate(cases.values()):
+            got = r.qkv(0, i)
+            want = (qkv[0][:, [0, 7, 299]], qkv[1], qkv[2])
+            assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                       for a, b in zip(got, want))
+    assert files[True].keys() == files[False].keys() and len(files[True]) == 22
+    assert all(files[True][p] == files[False][p] for p in files[True])
+
+
+def test_pinned_ring_regions_never_overlap_and_recycle():
+    from workbench.capture.writer import PinnedPool
+
+    ring = object.__new__(PinnedPool)  # the ring logic only; no CUDA allocation
+    ring.capacity, ring._live, ring._cond = 100, [], threading.Condition()
+    ring.failed, ring.waits, ring.wait_seconds = None, 0, 0.0
+    a, b, c = ring.alloc(40), ring.alloc(40), None
+    assert (a, b) == ((0, 40), (40, 80))
+    assert ring._fit(30) is None  # 80 + 30 > 100 and [0, 30) is still held by a
+    ring.release(a)
+    c = ring.alloc(30)  # wraps to the start once a is free
+    assert c == (0, 30)
+    ring.release(b)
+    ring.release(c)
+    assert ring._live == [] and ring.alloc(100) == (0, 100)
+    done = threading.Event()
+
+    def late_release():
+        time.sleep(0.05)
+        done.set()
+        ring.release((0, 100))
+
+    threading.Thread(target=late_release).start()
+    assert ring.alloc(10) == (0, 10) and done.is_set()  # blocked until the release
+    assert ring.waits == 1
