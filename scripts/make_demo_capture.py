@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from workbench.capture import capture, open_capture  # noqa: E402
 from workbench.capture.inspect import inspect_store  # noqa: E402
 
-MODEL, SEED, PROMPT, GRID = "h3-tiny", 0, "a red ball bouncing", 10
+MODEL, SEED, PROMPT, GRID = "h3-nano", 0, "a red ball bouncing", 10
 
 
 def main() -> int:
