@@ -88,10 +88,11 @@ def test_boundary_metrics_match_direct_computation():
     res = recipe_attention(q, k, v, "fp8_dense_kv_corrected", layout=lay, query_index=idx)
     m = boundary_metrics(res, q, k, v, ref)
     want = float((res.k_dq.double() - k.double()).pow(2).mean())
-    assert m.overall["quanted_k"]["mse"] == pytest.approx(want, rel=1e-12)
+    # float32 partial sums over tokens, float64 across them: ~1e-7 relative
+    assert m.overall["quanted_k"]["mse"] == pytest.approx(want, rel=1e-6)
     assert m.overall["v_mean"]["mse"] < 1e-12
     out_h1 = float((res.out[:, :, 1].double() - ref[:, :, 1]).pow(2).mean())
-    assert m.heads["attention_output"]["mse"][1] == pytest.approx(out_h1, rel=1e-12)
+    assert m.heads["attention_output"]["mse"][1] == pytest.approx(out_h1, rel=1e-6)
     assert m.row_sq_err.shape == (5,)
     along = error_along_tokens(res, ref, lay)
     assert along["segment"] == ["text", "audio", "video", "video", "video"]

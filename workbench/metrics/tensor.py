@@ -30,11 +30,20 @@ def _moments(x: torch.Tensor, ref: torch.Tensor, dims) -> dict[str, torch.Tensor
     n = 1
     for i in dims:
         n *= x.shape[i]
+    # Reduce the longest dim first in the compute dtype (torch's CPU sum is a cascade sum, so a
+    # float32 partial over one row of tokens stays accurate), then finish in float64.
+    inner = max(dims, key=lambda i: x.shape[i])
+    rest = tuple(i - (i > inner) for i in dims if i != inner)
+
+    def total(t: torch.Tensor) -> torch.Tensor:
+        part = t.sum(dim=inner).to(f64)
+        return part.sum(dim=rest) if rest else part
+
     return {
-        "d2": (d * d).sum(dim=dims, dtype=f64),
-        "r2": (ref * ref).sum(dim=dims, dtype=f64),
-        "x2": (x * x).sum(dim=dims, dtype=f64),
-        "xr": (x * ref).sum(dim=dims, dtype=f64),
+        "d2": total(d * d),
+        "r2": total(ref * ref),
+        "x2": total(x * x),
+        "xr": total(x * ref),
         "maxd": d.abs().amax(dim=dims).to(f64),
         "n": torch.tensor(float(n), dtype=f64),
     }
