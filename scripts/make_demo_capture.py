@@ -1,11 +1,11 @@
-"""Regenerate the shipped demo capture ``captures/demo_h3_tiny.zarr`` (see captures/README.md).
+"""Regenerate the shipped demo capture ``captures/demo_h3_nano.zarr`` (see captures/README.md).
 
-    python scripts/make_demo_capture.py            # writes captures/demo_h3_tiny.zarr
+    python scripts/make_demo_capture.py            # writes captures/demo_h3_nano.zarr
     python scripts/make_demo_capture.py --check    # also replays it and prints the inspect view
 
-Deterministic on CPU: model "h3-tiny" from workbench.models (seeded random weights), bf16,
+Deterministic on CPU: model "h3-nano" from workbench.models (the trained embedded model), bf16,
 prompt "a red ball bouncing", seed 0, a 10-point sigma grid (9 model calls), every block
-(layers 0 and 1), steps 0-8, all heads, all rows.
+(layers 0-3), steps 0-8, all heads, all rows.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MODEL, SEED, PROMPT, GRID = "h3-nano", 0, "a red ball bouncing", 10
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=str(ROOT / "captures" / "demo_h3_tiny.zarr"))
+    ap.add_argument("--out", default=str(ROOT / "captures" / "demo_h3_nano.zarr"))
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     from workbench.models import load_model
