@@ -94,7 +94,7 @@ def test_demo_quick_writes_table(tmp_path):
 
 
 def test_table_on_shipped_capture(tmp_path, capsys):
-    store = ROOT / "captures" / "demo_h3_tiny.zarr"
+    store = ROOT / "captures" / "demo_h3_nano.zarr"
     if not store.exists():
         store = next((ROOT / "captures").glob("*.zarr"))
     out = tmp_path / "t.json"
