@@ -5,6 +5,9 @@ Steps (each writes its own files; a step whose stage is not installed is reporte
 2. the PR report for the shipped capture (``workbench report captures/<store> --a
    fp8_sol_unsmoothed --b fp8_sol_kv_corrected --out <out>/report``): PNG + SVG (kaleido with the
    system Chromium; HTML only when Chromium is absent), self-contained HTML, markdown.
+3. the seed's end-to-end experiment on the embedded model: ``workbench compare --recipes
+   bf16,fp8_sol_unsmoothed,fp8_sol_kv_corrected --model h3-nano --out <out>/compare`` (clips,
+   side-by-side mp4, metrics table in the seed PR's layout).
 """
 
 from __future__ import annotations
@@ -33,7 +36,22 @@ def run_demo(out: Path, quick: bool = False) -> int:
     print(table.to_markdown())
     print(f"[demo] accuracy table -> {out / 'accuracy_table.md'} "
           f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    return demo_report(out / "report")
+    rc = demo_report(out / "report")
+    if quick:
+        return rc
+    return rc or demo_compare(out / "compare")
+
+
+def demo_compare(out: Path) -> int:
+    """Step 3: generate one clip per recipe with h3-nano and compare them against BF16."""
+    from workbench.cli import main as cli_main
+
+    t0 = time.perf_counter()
+    rc = cli_main(["compare", "--recipes", "bf16,fp8_sol_unsmoothed,fp8_sol_kv_corrected",
+                   "--model", "h3-nano", "--out", str(out), "--quiet"])
+    print(f"[demo] end-to-end compare -> {out} ({time.perf_counter() - t0:.1f} s)",
+          file=sys.stderr)
+    return rc
 
 
 def demo_report(out: Path) -> int:
