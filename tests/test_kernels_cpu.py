@@ -19,20 +19,20 @@ if torch.cuda.is_available():
     pytest.skip("CUDA present: tests/test_kernels_gpu.py covers the kernels", allow_module_level=True)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
-import triton.language as tl
+import triton.language as tl  # noqa: E402
 
-from workbench.attention import (
+from workbench.attention import (  # noqa: E402
     SegmentLayout,
     dense_attention_f64,
     recipe_attention,
 )
-from workbench.attention.quant import round_to_e4m3 as torch_round_e4m3
-from workbench.kernels import dispatch
-from workbench.kernels.attention_fp8 import fp8_attention_fwd
-from workbench.kernels.e4m3 import interpreting, round_to_bf16, round_to_e4m3
-from workbench.kernels.kv_stats import kv_stats
-from workbench.kernels.merge import merge_output
-from workbench.kernels.quantize import quantize_qkv
+from workbench.attention.quant import round_to_e4m3 as torch_round_e4m3  # noqa: E402
+from workbench.kernels import dispatch  # noqa: E402
+from workbench.kernels.attention_fp8 import fp8_attention_fwd  # noqa: E402
+from workbench.kernels.e4m3 import interpreting, round_to_bf16, round_to_e4m3  # noqa: E402
+from workbench.kernels.kv_stats import kv_stats  # noqa: E402
+from workbench.kernels.merge import merge_output  # noqa: E402
+from workbench.kernels.quantize import quantize_qkv  # noqa: E402
 
 if not interpreting():
     pytest.skip("triton kernels were imported without TRITON_INTERPRET=1", allow_module_level=True)
