@@ -77,7 +77,8 @@ def absmax_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
     return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
 
 
-def _round_to(fmt: str, x: torch.Tensor) -> torch.Tensor:
+def round_to_format(fmt: str, x: torch.Tensor) -> torch.Tensor:
+    """Round scaled values onto the grid of `fmt` ("fp8_e4m3" or "int8")."""
     if fmt == "fp8_e4m3":
         return round_to_e4m3(x)
     if fmt == "int8":
@@ -124,7 +125,7 @@ def quantize_tokens(x: torch.Tensor, fmt: str, granularity: str, block: int = 64
     """Fake-quantize a Q/K operand. x: [B, S, H, D] -> (dequantized [B, S, H, D] fp32, scales)."""
     scale = token_scales(x, fmt, granularity, block)
     s = expand_token_scales(scale, x.shape[1], granularity, block)
-    q = _round_to(fmt, x.float() / s)
+    q = round_to_format(fmt, x.float() / s)
     return q * s, scale
 
 
@@ -144,7 +145,7 @@ def quantize_channels(x: torch.Tensor, fmt: str, granularity: str = "channel"):
     """Fake-quantize V with one scale per (batch, head, channel). Returns (dequantized, scales)."""
     scale = channel_scales(x, fmt, granularity)
     s = scale[:, None, :, :]
-    return _round_to(fmt, x.float() / s) * s, scale
+    return round_to_format(fmt, x.float() / s) * s, scale
 
 
 def hadamard_matrix(n: int, dtype=torch.float32, device=None) -> torch.Tensor:

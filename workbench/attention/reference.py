@@ -30,10 +30,12 @@ from workbench.recipes import PRESETS, AttentionRecipe, get_recipe
 
 from .layout import SegmentLayout, check_qkv, check_query_index
 from .quant import (
+    expand_token_scales,
     hadamard_matrix,
     quantize_channels,
     round_to_bf16,
     round_to_e4m3,
+    round_to_format,
     round_to_mantissa,
     token_scales,
 )
@@ -328,18 +330,11 @@ def _quantize_rows(x, recipe: AttentionRecipe, rows, scale=None):
     if scale is None:
         scale = token_scales(x, fmt, gran, blk)
     S = x.shape[1]
-    if gran == "block":
-        s = scale.repeat_interleave(blk, dim=1)[:, :S, :, None]
-    elif gran == "token":
-        s = scale[..., None]
-    else:
-        s = scale[:, :, :, None]
+    s = expand_token_scales(scale, S, gran, blk)
     if rows is not None:
         x = x[:, rows]
         s = s[:, rows] if s.shape[1] == S else s
-    from .quant import _round_to
-
-    return _round_to(fmt, x / s) * s, scale
+    return round_to_format(fmt, x / s) * s, scale
 
 
 def dense_attention_f64(
