@@ -208,3 +208,17 @@ print((after - before) / 1024)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     grew_mib = float(out.stdout.strip().splitlines()[-1])
     assert grew_mib < 600, f"peak RSS grew by {grew_mib:.0f} MiB"
+
+
+@pytest.mark.parametrize("heads", [[0, 1], [2, 3], [1, 2], [3]])
+def test_select_heads_under_gqa_matches_full_run(heads):
+    from workbench.attention import select_heads
+
+    q, k, v = _inputs(dtype=torch.float32, H=4)
+    k2, v2 = k[:, :, :2], v[:, :, :2]  # 4 query heads, 2 K/V heads
+    full = recipe_attention(q, k2, v2, "fp8_dense_k", layout=LAYOUT, query_index=[7, 300])
+    qs, ks, vs = select_heads(q, k2, v2, heads)
+    part = recipe_attention(qs, ks, vs, "fp8_dense_k", layout=LAYOUT, query_index=[7, 300])
+    assert torch.equal(part.out, full.out[:, :, heads])
+    whole_groups = heads in ([0, 1], [2, 3])
+    assert ks.shape[2] == (1 if whole_groups else len(heads))
