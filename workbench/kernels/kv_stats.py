@@ -34,6 +34,11 @@ STATS_ROWS = 16  # tokens per sub-tile
 STATS_SUB = 32  # sub-tiles per program
 STATS_WARPS = 4
 FINAL_CHUNKS = 8  # partial rows added per finalize step
+# "head": one program per (token chunk, head), rows of D channels 64 * H * D bytes apart.
+# "wide": one program per (token chunk, column block of the token row [H * D]), so each load is a
+# long contiguous run of the row (several heads at once); needs (H, D) contiguous in memory.
+STATS_LAYOUT = "head"
+WIDE_ROWS, WIDE_SUB, WIDE_COLS, WIDE_WARPS = 8, 64, 512, 4
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,46 @@ def _kv_partial_kernel(
         tl.store(PV + o, tl.sum(vsum, axis=0))
     tl.store(PVMAX + o, tl.max(vmax, axis=0))
     tl.store(PVMIN + o, tl.min(vmin, axis=0))
+
+
+@triton.jit
+def _kv_partial_wide_kernel(
+    K, V, PK, PV, PVMAX, PVMIN,
+    S, HKV, n_chunks,
+    stride_kb, stride_ks, stride_vb, stride_vs,
+    HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, COLS: tl.constexpr,
+    SUM_K: tl.constexpr, SUM_V: tl.constexpr,
+):
+    """Same partials as _kv_partial_kernel, tiled over contiguous columns of the token row."""
+    c = tl.program_id(0)
+    j = tl.program_id(1)
+    b = tl.program_id(2)
+    col = j * COLS + tl.arange(0, COLS)  # column of the [H * D] token row
+    cok = col < HKV * HEAD_D
+    ksum = tl.zeros([ROWS, COLS], tl.float32)
+    vsum = tl.zeros([ROWS, COLS], tl.float32)
+    vmax = tl.full([ROWS, COLS], float("-inf"), tl.float32)
+    vmin = tl.full([ROWS, COLS], float("inf"), tl.float32)
+    for i in tl.static_range(N_SUB):
+        t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
+        ok = (t < S)[:, None] & cok[None, :]
+        if SUM_K:
+            kp = K + b * stride_kb + t[:, None] * stride_ks + col[None, :]
+            ksum += tl.load(kp, mask=ok, other=0.0).to(tl.float32)
+        vp = V + b * stride_vb + t[:, None] * stride_vs + col[None, :]
+        x = tl.load(vp, mask=ok, other=0.0).to(tl.float32)
+        if SUM_V:
+            vsum += x
+        vmax = tl.maximum(vmax, tl.where(ok, x, float("-inf")))
+        vmin = tl.minimum(vmin, tl.where(ok, x, float("inf")))
+    h = col // HEAD_D
+    o = ((b * HKV + h) * n_chunks + c) * HEAD_D + col % HEAD_D
+    if SUM_K:
+        tl.store(PK + o, tl.sum(ksum, axis=0), mask=cok)
+    if SUM_V:
+        tl.store(PV + o, tl.sum(vsum, axis=0), mask=cok)
+    tl.store(PVMAX + o, tl.max(vmax, axis=0), mask=cok)
+    tl.store(PVMIN + o, tl.min(vmin, axis=0), mask=cok)
 
 
 @triton.jit
@@ -149,18 +194,28 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool
     """
     B, S, Hkv, D = k.shape
     assert v.shape == k.shape and k.stride(-1) == 1 and v.stride(-1) == 1
-    chunk = STATS_ROWS * STATS_SUB
+    wide = (STATS_LAYOUT == "wide" and k.stride(2) == D and v.stride(2) == D)
+    chunk = WIDE_ROWS * WIDE_SUB if wide else STATS_ROWS * STATS_SUB
     n_chunks = triton.cdiv(S, chunk)
     f32 = {"dtype": torch.float32, "device": k.device}
     parts = torch.empty((4, B * Hkv, n_chunks, D), **f32)
-    _kv_partial_kernel[(n_chunks, B * Hkv)](
-        k, v, parts[0], parts[1], parts[2], parts[3],
-        S, Hkv, n_chunks,
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, ROWS=STATS_ROWS, N_SUB=STATS_SUB, SUM_K=smooth_k, SUM_V=smooth_v,
-        num_warps=STATS_WARPS,
-    )
+    if wide:
+        _kv_partial_wide_kernel[(n_chunks, triton.cdiv(Hkv * D, WIDE_COLS), B)](
+            k, v, parts[0], parts[1], parts[2], parts[3],
+            S, Hkv, n_chunks,
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            HEAD_D=D, ROWS=WIDE_ROWS, N_SUB=WIDE_SUB, COLS=WIDE_COLS, SUM_K=smooth_k,
+            SUM_V=smooth_v, num_warps=WIDE_WARPS,
+        )
+    else:
+        _kv_partial_kernel[(n_chunks, B * Hkv)](
+            k, v, parts[0], parts[1], parts[2], parts[3],
+            S, Hkv, n_chunks,
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            HEAD_D=D, ROWS=STATS_ROWS, N_SUB=STATS_SUB, SUM_K=smooth_k, SUM_V=smooth_v,
+            num_warps=STATS_WARPS,
+        )
     out = torch.zeros((3, B, Hkv, D), **f32)
     _kv_finalize_kernel[(B * Hkv,)](
         parts[0], parts[1], parts[2], parts[3], out[0], out[1], out[2],
