@@ -6,7 +6,8 @@ Builds diffusers' MiniMaxH3Transformer3DModel at full H3 width (56 heads x 128, 
 
 - capture writer throughput (MiB/s) against a raw sequential write of the same bytes to the same
   disk in the same run (``f.write`` in 32 MiB pieces, one thread, no zarr, no checksum; after the
-  store is deleted and ``os.sync()``), plus a raw write with as many threads as the writer (context);
+  store is deleted and ``os.sync()``), plus a raw write with as many threads as the writer
+  (context);
 - forward-pass overhead of capturing: forward time with capture vs without, per step;
 - that the model output is bit-identical with and without capture.
 

@@ -283,7 +283,8 @@ def main():
         print(f"{shape}: sdpa_cudnn {base:.2f} ms")
         for r in rr:
             if r["mode"] in ("full", "kernel"):
-                print(f"  {r['variant']:24s} {r['mode']:6s} {r['ms']:8.2f} ms {r['tflops']:6.0f} TF "
+                print(f"  {r['variant']:24s} {r['mode']:6s} {r['ms']:8.2f} ms "
+                      f"{r['tflops']:6.0f} TF "
                       f"x{base / r['ms']:.2f} relL2 {r['rel_l2']:.3e}")
             elif r["mode"] == "stats":
                 print(f"  {r['variant']:24s} stats  {r['ms']:8.3f} ms {r['read_tbs']:.2f} TB/s")

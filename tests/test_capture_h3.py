@@ -136,7 +136,8 @@ def test_replacement_through_the_same_interceptor(model_f32):
         seen.clear()
         with AttentionInterceptor(model_f32, lambda c: seen.append(c.name), include_refiner=True):
             model_f32(**kw)
-        assert seen == ["token_refiner.refiner_blocks.0", "transformer_blocks.0", "transformer_blocks.1"]
+        assert seen == ["token_refiner.refiner_blocks.0", "transformer_blocks.0",
+                        "transformer_blocks.1"]
         with pytest.raises(ValueError, match="replacement must be"):
             with AttentionInterceptor(model_f32, lambda c: c.q[:, :3]):
                 model_f32(**kw)

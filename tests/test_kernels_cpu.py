@@ -2,7 +2,8 @@
 
 Each kernel is compared with its torch twin (workbench.attention) and with float64. The kernels
 round onto the E4M3 / BF16 grids with explicit bit arithmetic before every cast (e4m3.py), because
-the interpreter mis-rounds the fp8 cast and truncates the bf16 cast; so the same code is checked here
+the interpreter mis-rounds the fp8 cast and truncates the bf16 cast; so the same code is checked
+here
 and on the GPU. On a machine with CUDA these tests skip (the GPU tests cover the compiled kernels,
 and the interpreter flag must not leak into them).
 """
@@ -16,7 +17,8 @@ import pytest
 import torch
 
 if torch.cuda.is_available():
-    pytest.skip("CUDA present: tests/test_kernels_gpu.py covers the kernels", allow_module_level=True)
+    pytest.skip("CUDA present: tests/test_kernels_gpu.py covers the kernels",
+                allow_module_level=True)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

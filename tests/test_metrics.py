@@ -28,7 +28,8 @@ def test_error_stats_known_values():
     assert s["max_abs"] == pytest.approx(0.5)
     assert s["cosine"] == pytest.approx((9 + 18) / (5 * math.hypot(3, 4.5)))
     same = error_stats(ref, ref)
-    assert same["sqnr_db"] == math.inf and same["rel_l2"] == 0 and same["cosine"] == pytest.approx(1)
+    assert (same["sqnr_db"] == math.inf and same["rel_l2"] == 0
+            and same["cosine"] == pytest.approx(1))
 
 
 def test_error_stats_rejects_shape_mismatch():

@@ -32,7 +32,8 @@ def test_trained_passes_distribution_check_random_fails():
     trained = evaluate(load_model("h3-nano"), n=8, steps=20)
     assert trained["passed"], trained["criteria"]
     g = trained["generated"]
-    assert g["color_accuracy"] >= 0.75 and g["pitch_height_corr"] >= 0.3  # the tone follows the ball
+    # the tone follows the ball
+    assert g["color_accuracy"] >= 0.75 and g["pitch_height_corr"] >= 0.3
 
     untrained = H3Model(_build_transformer(H3_NANO, 0), "h3-nano-untrained", H3_NANO,
                         prompt_table(H3_NANO))

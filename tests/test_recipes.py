@@ -20,7 +20,8 @@ def test_required_presets_exist_and_default_is_seed_recipe():
         assert name in PRESETS
     d = get_recipe(None)
     assert d.name == "fp8_sol_kv_corrected"
-    assert (d.smoothing, d.v_bias_correction, d.sparsity, d.dense_prefix) == ("kv", True, "sol", True)
+    assert (d.smoothing, d.v_bias_correction, d.sparsity, d.dense_prefix) == (
+        "kv", True, "sol", True)
     assert (d.dense_steps, d.dense_layers, d.qk_block, d.sol_tau) == (10, 2, 64, 1.0)
 
 

@@ -1,4 +1,5 @@
-"""`workbench report`: PNG / SVG through kaleido + system Chromium, self-contained HTML, markdown."""
+"""`workbench report`: PNG / SVG through kaleido + system Chromium, self-contained HTML,
+markdown."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Quantizer emulation in plain torch: E4M3, INT8, scales per block / token / tensor / channel.
 
 Every function works on float32 tensors laid out [B, S, H, D] (tokens on dim 1) and returns float32
-values that lie exactly on the target grid, so that the reference path is a faithful, device-agnostic
+values that lie exactly on the target grid, so that the reference path is a faithful,
+device-agnostic
 emulation of the kernels.
 
 E4M3 (``torch.float8_e4m3fn``): 4 exponent bits (bias 7), 3 mantissa bits, max 448, no infinities,
@@ -130,7 +131,8 @@ def quantize_tokens(x: torch.Tensor, fmt: str, granularity: str, block: int = 64
 
 
 def channel_scales(x: torch.Tensor, fmt: str, granularity: str = "channel") -> torch.Tensor:
-    """Scales for the V operand. x: [B, S, H, D] -> [B, H, D] ("channel") or [B, 1, 1] ("tensor")."""
+    """Scales for the V operand. x: [B, S, H, D] -> [B, H, D] ("channel") or [B, 1, 1]
+    ("tensor")."""
     ax = x.abs().float()
     if granularity == "channel":
         amax = ax.amax(dim=1)

@@ -19,7 +19,9 @@ from .layout import SegmentLayout
 LOG2E = 1.4426950408889634
 
 
-def block_reduce(x: torch.Tensor, block: int, op: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+def block_reduce(
+    x: torch.Tensor, block: int, op: str = "mean"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [B, S, H, D] -> ([B, H, nb, D] per-block mean or sum over real rows, lengths [nb])."""
     B, S, H, D = x.shape
     nb = math.ceil(S / block)

@@ -23,7 +23,8 @@ RECIPES = ("fp8_dense", "fp8_dense_k", "fp8_dense_kv_corrected")
 
 
 def make_inputs(B, S, H, D, n_sets=2, seed=0, device="cuda"):
-    """bf16 q/k/v [B, S, H, D]; K and V carry a per-(head, channel) bias (what smoothing removes)."""
+    """bf16 q/k/v [B, S, H, D]; K and V carry a per-(head, channel) bias (what smoothing
+    removes)."""
     g = torch.Generator(device=device).manual_seed(seed)
     sets = []
     for _ in range(n_sets):

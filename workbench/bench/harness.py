@@ -1,7 +1,8 @@
 """Timing harness: CUDA-event medians with warm-up, rotating input sets, peak memory, ceilings.
 
 Every time here is ``triton.testing.do_bench(..., return_mode="median")`` (CUDA events around each
-call, warm-up first, L2 flushed between calls by do_bench). Callers rotate several input sets through
+call, warm-up first, L2 flushed between calls by do_bench). Callers rotate several input sets
+through
 ``Rotating`` so no variant is timed on a buffer the L2 already holds.
 """
 

@@ -1,20 +1,28 @@
-"""One interception point for attention: capture (observe q/k/v) and replacement (return a new output).
+"""One interception point for attention: capture (observe q/k/v) and replacement (return a new
+output).
 
 Two adapters share the ``AttentionCall`` / handler contract:
 
-- diffusers' ``MiniMaxH3Transformer3DModel``: each ``transformer_blocks.{i}.attn`` processor is swapped
+- diffusers' ``MiniMaxH3Transformer3DModel``: each ``transformer_blocks.{i}.attn`` processor is
+  swapped
   for ``InterceptingH3Processor`` (a ``MiniMaxH3AttnProcessor`` subclass). It runs diffusers' own
-  processor code unchanged; only the call to ``dispatch_attention_fn`` is routed through the handler,
-  so the handler sees exactly the tensors that enter attention (post-QK-norm, post-RoPE, [B, S, H, D]).
+  processor code unchanged; only the call to ``dispatch_attention_fn`` is routed through the
+  handler,
+  so the handler sees exactly the tensors that enter attention (post-QK-norm, post-RoPE,
+  [B, S, H, D]).
   The token refiner (no RoPE) is excluded unless ``include_refiner=True``.
-- any other model that calls ``torch.nn.functional.scaled_dot_product_attention`` (HF transformers with
+- any other model that calls ``torch.nn.functional.scaled_dot_product_attention`` (HF transformers
+  with
   ``attn_implementation="sdpa"``, other DiTs): a ``TorchFunctionMode`` catches the call. SDPA takes
   [B, H, S, D]; the handler gets [B, S, H, D] views (``call.layout == "BHSD->BSHD"``) and a returned
-  output is transposed back. Entries are named by the innermost running module path; ``layer`` is the
+  output is transposed back. Entries are named by the innermost running module path; ``layer`` is
+  the
   call order index within one forward of the root model.
 
-``handler(call) -> Tensor | None``: a returned [B, S, H, D] tensor (same dtype) replaces the attention
-output and the original kernel is not run; ``None`` keeps the original result. Capturing returns None,
+``handler(call) -> Tensor | None``: a returned [B, S, H, D] tensor (same dtype) replaces the
+attention
+output and the original kernel is not run; ``None`` keeps the original result. Capturing returns
+None,
 so the model's output is bit-identical with and without capture.
 """
 
@@ -192,7 +200,7 @@ class AttentionInterceptor:
         self._sdpa_calls = 0
         self._active = False
 
-    # H3 --------------------------------------------------------------------------------------------
+    # H3 -------------------------------------------------------------------------------------------
     def _h3_targets(self) -> list[tuple[str, int, nn.Module]]:
         targets = []
         for i, block in enumerate(self.model.transformer_blocks):
@@ -213,7 +221,7 @@ class AttentionInterceptor:
                 raise ValueError(f"layers: {bad} out of range for a model with {n_total} blocks")
         return targets
 
-    # SDPA ------------------------------------------------------------------------------------------
+    # SDPA -----------------------------------------------------------------------------------------
     def _on_sdpa(self, func, args, kwargs):
         bound = dict(zip(_SDPA_ARGS, args))
         bound.update(kwargs)
@@ -254,7 +262,7 @@ class AttentionInterceptor:
             self._hooks.append(module.register_forward_pre_hook(pre))
             self._hooks.append(module.register_forward_hook(post))
 
-    # context manager -------------------------------------------------------------------------------
+    # context manager ------------------------------------------------------------------------------
     def __enter__(self) -> AttentionInterceptor:
         if self._active:
             raise RuntimeError("AttentionInterceptor is not re-entrant")

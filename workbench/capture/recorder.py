@@ -136,7 +136,7 @@ class Capture:
         self._timestep: float | None = None
         self._step: int | None = None if self.steps is None else self.steps[0]
 
-    # store -----------------------------------------------------------------------------------------
+    # store ----------------------------------------------------------------------------------------
     def _root_attrs(self) -> dict[str, Any]:
         from workbench.recipes import get_recipe
 
@@ -220,7 +220,7 @@ class Capture:
         except CaptureStoreError:
             return None  # the body's own exception is the one to show
 
-    # step ------------------------------------------------------------------------------------------
+    # step -----------------------------------------------------------------------------------------
     def step(self, i: int | None, timestep: float | None = None) -> None:
         """Set the current denoising step (and optionally its timestep / sigma value)."""
         self._step = None if i is None else int(i)
@@ -242,7 +242,7 @@ class Capture:
             return False
         return not (self.layers is not None and layer is not None and layer not in self.layers)
 
-    # recording -------------------------------------------------------------------------------------
+    # recording ------------------------------------------------------------------------------------
     def _handle(self, call: AttentionCall) -> None:
         if self.wants(call.step, call.layer):
             self._submit(call.name, call.layer, call.step, call.q, call.k, call.v,

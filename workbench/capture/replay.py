@@ -76,7 +76,7 @@ class CaptureReader:
         check_schema(self.attrs, str(self.path))
         self._entries: list[EntryInfo] | None = None
 
-    # listing ---------------------------------------------------------------------------------------
+    # listing --------------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Re-list entries (a writer may have completed more since the last listing)."""
         self._entries = None
@@ -132,7 +132,7 @@ class CaptureReader:
     def incomplete(self) -> list[EntryInfo]:
         return [e for e in self.entries() if not e.complete]
 
-    # metadata --------------------------------------------------------------------------------------
+    # metadata -------------------------------------------------------------------------------------
     @property
     def layout(self) -> SegmentLayout:
         """Segment layout of the packed sequence; all-video over the captured length if unknown."""
@@ -155,7 +155,7 @@ class CaptureReader:
         r = self.attrs.get("recipe")
         return None if r is None else AttentionRecipe.from_json(r)
 
-    # data ------------------------------------------------------------------------------------------
+    # data -----------------------------------------------------------------------------------------
     def find(self, step: int | None, layer: int | str) -> EntryInfo:
         """The entry at (step, layer), where layer is a block index or an entry name."""
         matches = [e for e in self.entries()
@@ -246,7 +246,7 @@ class CaptureReader:
                     problems.append(str(exc))
         return problems
 
-    # xarray ----------------------------------------------------------------------------------------
+    # xarray ---------------------------------------------------------------------------------------
     def to_xarray(self, decode: bool = False):
         """Lazy xarray Dataset of the complete entries on the (step, layer) grid.
 

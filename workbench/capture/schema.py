@@ -6,9 +6,11 @@ Layout of a store (zarr v3 directory)::
     STORE/entries/s{step:05d}/{name}/     one group per captured attention call (step, name)
         zarr.json                         attrs: name, layer, step, status, dtypes, shapes, ...
         q, k, v                           arrays [batch, token, head, channel]
-        q_rows (optional)                 int64 [token]: the sampled query rows when query_rows= is set
+        q_rows (optional)                 int64 [token]: the sampled query rows when query_rows= is
+                                          set
 
-An entry's arrays are written first; its ``status`` attribute turns from "writing" to "complete" only
+An entry's arrays are written first; its ``status`` attribute turns from "writing" to "complete"
+only
 after every chunk is on disk (zarr's LocalStore writes each key with write-to-temp + rename), so a
 reader never mistakes a partial entry for a complete one.
 """

@@ -46,7 +46,8 @@ def build_tiny_h3(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides
 
 @dataclass
 class PackedInputs:
-    """Packed H3 forward inputs for one clip; ``layout`` is the [text | cond | audio | video] split."""
+    """Packed H3 forward inputs for one clip; ``layout`` is the [text | cond | audio | video]
+    split."""
 
     video: torch.Tensor  # [B, Nv, C * 4] patchified latents
     audio: torch.Tensor  # [B, Na, Ca]
@@ -73,7 +74,8 @@ class PackedInputs:
 
 def tiny_h3_inputs(model, *, frames: int = 2, height: int = 8, width: int = 8, audio_rows: int = 8,
                    text_rows: int = 6, batch: int = 1, seed: int = 0) -> PackedInputs:
-    """Random packed inputs: ``frames x (height/2) x (width/2)`` video rows after the 1x2x2 patch."""
+    """Random packed inputs: ``frames x (height/2) x (width/2)`` video rows after the 1x2x2
+    patch."""
     cfg = model.config
     g = torch.Generator().manual_seed(seed)
     hp, wp = height // 2, width // 2

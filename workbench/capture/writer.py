@@ -5,13 +5,15 @@ into a fixed ring of pinned host memory (allocated once, at capture start, sized
 recycled), with one CUDA event per entry, so the forward never waits for the copy and never calls
 cudaHostAlloc; CPU tensors are cloned. The writer thread takes entries in order, waits for the
 entry's event, writes the entry's zarr metadata, hands its chunks to a pool of chunk-writer threads
-and, once every chunk is on disk, writes the completion marker. Host memory held by queued entries is
+and, once every chunk is on disk, writes the completion marker. Host memory held by queued entries
+is
 bounded by ``budget_bytes``: a hook that would exceed it blocks until the writer frees memory
 (back-pressure), never grows without bound.
 
 Chunk writes (no compressor, local store): each chunk is gathered into a per-thread scratch buffer
 (or written straight from the host tensor when it is one contiguous slab), checksummed with crc32c,
-and written with ``os.write`` into its final zarr key, in the exact bytes -> crc32c layout zarr reads
+and written with ``os.write`` into its final zarr key, in the exact bytes -> crc32c layout zarr
+reads
 (data, then the little-endian crc32c of the data). No temp file + rename per chunk: the entry is
 only visible once its ``status`` marker says complete, which is written after every chunk, so a
 torn chunk can only belong to an entry flagged incomplete (and rewritten on resume). With a
@@ -63,7 +65,8 @@ class CaptureWriteError(CaptureStoreError):
 
 
 def codecs_for(compressor: str | None) -> list:
-    """Bytes-to-bytes codec chain: optional compressor, then crc32c (checksum of the stored bytes)."""
+    """Bytes-to-bytes codec chain: optional compressor, then crc32c (checksum of the stored
+    bytes)."""
     if compressor in (None, "none"):
         return [Crc32cCodec()]
     if compressor.startswith("zstd"):
@@ -99,7 +102,8 @@ class HostBudget:
     def acquire(self, n: int, what: str) -> None:
         if n > self.budget:
             raise CaptureStoreError(
-                f"{what}: one entry needs {n / 2**20:.1f} MiB of host memory but the capture budget "
+                f"{what}: one entry needs {n / 2**20:.1f} MiB of host memory but the capture "
+                f"budget "
                 f"is {self.budget / 2**20:.1f} MiB; raise budget_bytes (--budget-mb) or capture "
                 f"fewer heads / query rows"
             )
@@ -303,13 +307,14 @@ class StoreWriter:
         self.stats.pool_method = self._pool.method
         self.stats.pool_alloc_seconds = self._pool.alloc_seconds
 
-    # producer side (the hook) ----------------------------------------------------------------------
+    # producer side (the hook) ---------------------------------------------------------------------
     def raise_if_failed(self) -> None:
         if self.error is not None:
             raise self.error
 
     def submit(self, path: str, attrs: dict[str, Any], arrays: dict[str, torch.Tensor]) -> None:
-        """Copy ``arrays`` to host memory (blocking while over budget) and queue them for writing."""
+        """Copy ``arrays`` to host memory (blocking while over budget) and queue them for
+        writing."""
         self.raise_if_failed()
         nbytes = sum(t.numel() * t.element_size() for t in arrays.values())
         self.budget.acquire(nbytes, f"{self.where} entry {path}")
@@ -391,7 +396,7 @@ class StoreWriter:
         self.raise_if_failed()
         return self.stats
 
-    # writer thread ---------------------------------------------------------------------------------
+    # writer thread --------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
             item = self._queue.get()
@@ -462,7 +467,7 @@ class StoreWriter:
             for job in _chunk_jobs(arr, data, chunks, folder):
                 jobs.append(self._chunk_pool.submit(self._write_chunk, *job))
 
-    # chunk threads ---------------------------------------------------------------------------------
+    # chunk threads --------------------------------------------------------------------------------
     def _scratch(self, n: int) -> np.ndarray:
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.size < n:

@@ -34,9 +34,12 @@ def _dtype(name: str, device: str):
     if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}[name]
     except KeyError:
-        raise ValueError(f"--dtype: unknown {name!r}; use auto, float32, bfloat16 or float16") from None
+        raise ValueError(
+            f"--dtype: unknown {name!r}; use auto, float32, bfloat16 or float16"
+        ) from None
 
 
 def _load(args):
@@ -115,7 +118,8 @@ def cmd_compare(args) -> int:
 
 
 def register(sub) -> None:
-    g = sub.add_parser("generate", help="generate a clip (mp4 + wav + config) with an attention recipe")
+    g = sub.add_parser("generate",
+                       help="generate a clip (mp4 + wav + config) with an attention recipe")
     _model_args(g)
     g.add_argument("--recipe", default="bf16",
                    help="preset, 'preset:field=value', JSON, or 'native' (no replacement)")

@@ -41,7 +41,8 @@ LN2 = 0.6931471805599453
 @triton.jit
 def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
              HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
-    """K tile [BLOCK_N, D] (D contiguous) and V tile [BLOCK_N, D] read from V^T (tokens contiguous)."""
+    """K tile [BLOCK_N, D] (D contiguous) and V tile [BLOCK_N, D] read from V^T (tokens
+    contiguous)."""
     if USE_TMA != 0:  # 1: host-built descriptors, 2: descriptors built in the kernel
         k = kd.load([kbase + n0, 0])
         v = tl.trans(vd.load([vbase, n0]))
@@ -251,7 +252,8 @@ def fp8_attention_fwd(
     rows that the merged pass fills). out_f32: write FP32 o = acc * s_v / l WITHOUT v_corr.
     use_tma: False (pointer loads), True/"host" (host-built TMA descriptors), "device" (built in
     the kernel). lazy_tau: lazy-rescale threshold in log2 units (0 = rescale every tile).
-    (exp2 already compiles to ex2.approx.ftz.f32, one MUFU op.) warp_specialize: triton's automatic warp specialization
+    (exp2 already compiles to ex2.approx.ftz.f32, one MUFU op.) warp_specialize: triton's automatic
+    warp specialization
     of the key loop (experimental on Hopper in triton 3.6; needs device descriptors).
     """
     B, H, S_pad, D = qkv.q8.shape

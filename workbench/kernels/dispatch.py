@@ -1,7 +1,8 @@
 """The full FP8 recipe call on the kernels, and ``try_kernel`` for the recipe runner.
 
 Torch twin: ``workbench.attention.recipe_attention`` (all rows) for the dense FP8 recipes
-``fp8_dense``, ``fp8_dense_k``, ``fp8_dense_kv_corrected`` and variants of them with the dense-prefix
+``fp8_dense``, ``fp8_dense_k``, ``fp8_dense_kv_corrected`` and variants of them with the
+dense-prefix
 replacement. One call = statistics (``kv_stats``) -> centering + quantization (``quantize``) ->
 attention with the fused epilogue (``attention_fp8``) -> BF16 prefix rows (SDPA on the unquantized
 operands) copied into the same output. Extra memory beyond inputs and output: the FP8 copies of

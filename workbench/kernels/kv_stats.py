@@ -1,4 +1,5 @@
-"""Fused, deterministic K/V statistics: mu_K, mu_V and V's centred channel absmax, K and V read once.
+"""Fused, deterministic K/V statistics: mu_K, mu_V and V's centred channel absmax, K and V read
+once.
 
 Torch twin (``workbench.attention.reference.recipe_attention``)::
 
@@ -6,7 +7,8 @@ Torch twin (``workbench.attention.reference.recipe_attention``)::
     mu_v = v.float().mean(dim=1)
     v_amax = (v.float() - mu_v[:, None]).abs().amax(dim=1)   # what channel_scales needs
 
-Two launches with a FIXED reduction order, so the same input gives bitwise the same output run to run
+Two launches with a FIXED reduction order, so the same input gives bitwise the same output run to
+run
 (no atomics; the seed saw the diffusion output move when the FP32 summation order changed):
 1. ``_kv_partial_kernel``, grid (token chunks, B*Hkv): each program sums CHUNK tokens of K and V per
    channel and keeps V's per-channel max and min, into partial buffers [B*Hkv, n_chunks, D].

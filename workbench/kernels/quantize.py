@@ -21,7 +21,8 @@ Output layouts, chosen for the attention kernel (``attention_fp8``):
 - S_pad = S rounded up to ``SEQ_PAD`` (256); pad tokens are written as exact zeros (scale 1) by the
   same kernels, so the attention kernel's main loop needs no masks on loads.
 
-The correction needs mean_t of dequant(V'), which the V pass produces as per-chunk partial sums of the
+The correction needs mean_t of dequant(V'), which the V pass produces as per-chunk partial sums of
+the
 quantized values (no extra pass over V); a small fixed-order kernel finishes it (deterministic).
 """
 

@@ -85,7 +85,9 @@ def si_sdr(reference: torch.Tensor, estimate: torch.Tensor) -> float:
     from torchmetrics.functional.audio import scale_invariant_signal_distortion_ratio
 
     return float(
-        scale_invariant_signal_distortion_ratio(estimate.double(), reference.double(), zero_mean=True)
+        scale_invariant_signal_distortion_ratio(
+            estimate.double(), reference.double(), zero_mean=True
+        )
     )
 
 
@@ -113,7 +115,9 @@ def compare_media(
     out: dict = {}
     if ref_video is not None and test_video is not None:
         if ref_video.shape != test_video.shape:
-            raise ValueError(f"video shapes differ: {tuple(ref_video.shape)} vs {tuple(test_video.shape)}")
+            raise ValueError(
+                f"video shapes differ: {tuple(ref_video.shape)} vs {tuple(test_video.shape)}"
+            )
         s = per_frame_ssim(ref_video, test_video)
         out.update(
             frame_cosine=cosine(ref_video, test_video),
@@ -164,5 +168,7 @@ def media_table(rows: dict[str, dict], reference: str) -> str:
     sep = "|---|" + "|".join("---:" for _ in TABLE_COLUMNS) + "|"
     lines = [head, sep]
     for name, m in rows.items():
-        lines.append(f"| {name} | " + " | ".join(_cell(m.get(k), f) for k, _, f in TABLE_COLUMNS) + " |")
+        lines.append(
+            f"| {name} | " + " | ".join(_cell(m.get(k), f) for k, _, f in TABLE_COLUMNS) + " |"
+        )
     return "\n".join(lines)

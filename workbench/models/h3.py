@@ -162,7 +162,8 @@ def patchify_video(x: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor
 def unpatchify_video(
     rows: torch.Tensor, patch: tuple[int, int, int], shape: tuple[int, int, int, int]
 ) -> torch.Tensor:
-    """Inverse of ``patchify_video``: rows [B, N, C*pt*ph*pw] -> [B, C, T, H, W] with shape (C,T,H,W)."""
+    """Inverse of ``patchify_video``: rows [B, N, C*pt*ph*pw] -> [B, C, T, H, W] with shape
+    (C,T,H,W)."""
     pt, ph, pw = patch
     C, T, H, W = shape
     B = rows.shape[0]
@@ -312,7 +313,8 @@ class H3Config:
 def transformer_kwargs(
     clip: ClipSpec, *, layers: int, heads: int, hidden: int, ffn: int, refiner_layers: int = 1
 ) -> dict:
-    """diffusers config kwargs for an embedded model over `clip` (head_dim 128, rope_freq_dim 16)."""
+    """diffusers config kwargs for an embedded model over `clip` (head_dim 128, rope_freq_dim
+    16)."""
     return {
         "num_attention_heads": heads,
         "attention_head_dim": 128,

@@ -56,7 +56,9 @@ def make_clips(
 ) -> ProceduralBatch:
     """n procedural clips from a numpy RNG seeded by `seed` (deterministic)."""
     rng = np.random.default_rng(seed)
-    T, H, W, fps, sr, blk = spec.frames, spec.height, spec.width, spec.fps, spec.sample_rate, spec.audio_block
+    T, H, W, fps, sr, blk = (
+        spec.frames, spec.height, spec.width, spec.fps, spec.sample_rate, spec.audio_block
+    )
     n_blocks = spec.audio_rows
     block_rate = sr / blk
     labels = rng.integers(0, len(classes), n) if labels is None else np.asarray(labels)

@@ -270,7 +270,10 @@ def _load_diffusers_dir(path: Path, device, dtype) -> H3Model:
 
 
 def load_model(
-    name_or_path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    name_or_path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> H3Model:
     """Load a registered model by name or a local checkpoint; never touches the network."""
     key = str(name_or_path)

@@ -208,7 +208,9 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
 def _choice(recipe: AttentionRecipe, name: str, allowed: tuple[str, ...]) -> None:
     value = getattr(recipe, name)
     if value not in allowed:
-        raise RecipeError(f"recipe field {name!r}: unknown value {value!r}; choose one of {allowed}")
+        raise RecipeError(
+            f"recipe field {name!r}: unknown value {value!r}; choose one of {allowed}"
+        )
 
 
 def validate(r: AttentionRecipe) -> None:
@@ -236,7 +238,9 @@ def validate(r: AttentionRecipe) -> None:
             "there is no quantization bias to correct"
         )
     if r.p_scaling == "rowmax448" and r.p_format != "fp8_e4m3":
-        raise RecipeError("recipe field 'p_scaling': 'rowmax448' only applies to p_format='fp8_e4m3'")
+        raise RecipeError(
+            "recipe field 'p_scaling': 'rowmax448' only applies to p_format='fp8_e4m3'"
+        )
     for name, lo in (("qk_block", 1), ("sol_block", 1), ("vsa_tile", 1), ("accum_flush_keys", 1)):
         if getattr(r, name) < lo:
             raise RecipeError(f"recipe field {name!r}: must be >= {lo}, got {getattr(r, name)}")

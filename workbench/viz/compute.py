@@ -44,7 +44,8 @@ def shipped_stores(root: Path | str = CAPTURES_DIR) -> list[Path]:
 
 
 def find_store(store: str | Path | None = None) -> Path:
-    """`store` if given, else the first store shipped under captures/ (FileNotFoundError if none)."""
+    """`store` if given, else the first store shipped under captures/ (FileNotFoundError if
+    none)."""
     if store:
         p = Path(store)
         if not (p / "zarr.json").exists():
