@@ -28,39 +28,15 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from workbench.bench.disk import raw_write  # noqa: E402
 from workbench.capture import capture, open_capture  # noqa: E402
 from workbench.capture.writer import DEFAULT_WRITER_THREADS  # noqa: E402
-
-PIECE = 32 * 2**20
-
-
-def _write_file(path: Path, t: torch.Tensor) -> int:
-    buf = t.view(torch.uint8).numpy().reshape(-1)
-    with open(path, "wb") as f:
-        for off in range(0, buf.size, PIECE):
-            f.write(memoryview(buf[off:off + PIECE]))
-    return int(buf.size)
-
-
-def raw_write(tensors, folder: Path, threads: int = 1) -> tuple[int, float]:
-    """Plain file writes of the same bytes: one file per tensor, 32 MiB pieces."""
-    folder.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    if threads == 1:
-        total = sum(_write_file(folder / f"t{i}.bin", t) for i, t in enumerate(tensors))
-    else:
-        with ThreadPoolExecutor(threads) as ex:
-            total = sum(ex.map(lambda it: _write_file(folder / f"t{it[0]}.bin", it[1]),
-                               enumerate(tensors)))
-    return total, time.perf_counter() - t0
-
 
 def capture_write(sources, n_entries, store: Path, **kw) -> dict:
     t0 = time.perf_counter()

@@ -25,13 +25,13 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from workbench.bench.disk import raw_write  # noqa: E402
 from workbench.capture import capture, open_capture  # noqa: E402
 
 FULL = dict(num_attention_heads=56, attention_head_dim=128, hidden_size=5376, ffn_dim=14336,
@@ -77,28 +77,6 @@ def timed_forward(model, kw, sigma, device):
         out = model(**kw, timestep=torch.tensor([sigma], device=device), return_dict=False)
     sync(device)
     return time.perf_counter() - t0, out
-
-
-def _write_file(path: Path, t: torch.Tensor, piece: int = 32 * 2**20) -> int:
-    buf = t.view(torch.uint8).numpy().reshape(-1)
-    with open(path, "wb") as f:
-        for off in range(0, buf.size, piece):
-            f.write(memoryview(buf[off:off + piece]))
-    return int(buf.size)
-
-
-def raw_write(tensors, folder: Path, threads: int = 1) -> tuple[int, float]:
-    """Write of the same bytes with plain file writes, one file per tensor, 32 MiB pieces.
-    threads=1: the sequential write the target refers to; more: context only."""
-    folder.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    if threads == 1:
-        total = sum(_write_file(folder / f"t{i}.bin", t) for i, t in enumerate(tensors))
-    else:
-        with ThreadPoolExecutor(threads) as ex:
-            total = sum(ex.map(lambda it: _write_file(folder / f"t{it[0]}.bin", it[1]),
-                               enumerate(tensors)))
-    return total, time.perf_counter() - t0
 
 
 def main() -> int:

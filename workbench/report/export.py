@@ -21,10 +21,10 @@ import numpy as np
 
 from workbench.metrics import BOUNDARY_LABELS, benefit_pct
 from workbench.recipes import get_recipe
+from workbench.report.accuracy_table import TABLE_ROWS
 
 DEFAULT_BROWSER = "/usr/bin/chromium"
 FIG_WIDTH, FIG_HEIGHT = 1000, 560
-TABLE_BOUNDARIES = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
 
 
 def browser_path() -> str | None:
@@ -51,7 +51,7 @@ def report_figures(source, recipe_a, recipe_b, *, step, layer, heads=None, n_que
     where = f"step {step}, layer {layer}"
     figs = {}
     figs["boundary_bars"] = (F.boundary_bars(
-        {e.name: {bd: e.overall[bd]["mse"] for bd in TABLE_BOUNDARIES} for e in (ea, eb)},
+        {e.name: {bd: e.overall[bd]["mse"] for bd in TABLE_ROWS} for e in (ea, eb)},
         labels=BOUNDARY_LABELS), f"MSE at each boundary of the seed table ({where})")
     figs["error_along_tokens"] = (F.error_along_tokens({e.name: e.along for e in (ea, eb)}),
                                   f"attention output MSE per sampled query row ({where})")

@@ -19,11 +19,11 @@ import plotly.graph_objects as go
 
 from workbench.metrics import BOUNDARY_LABELS, benefit_pct
 from workbench.recipes import PRESETS, get_recipe
+from workbench.report.accuracy_table import TABLE_ROWS
 
 from . import figures as F
 from .compute import ReplaySource, evaluate_recipes, layer_head_grid, shipped_stores
 
-TABLE_BOUNDARIES = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
 READOUT_ROWS = [
     ("output_mse", "output MSE", "{:.4e}"),
     ("output_rel_l2", "output relative L2", "{:.5f}"),
@@ -292,7 +292,7 @@ class SmoothingExplorer:
         self.w_readout.value = readout_html(c.readout(), nm, step=self.w_step.value,
                                             layer=self.w_layer.value)
         bars = F.boundary_bars(
-            {nm[t]: {bd: ev[t].overall[bd]["mse"] for bd in TABLE_BOUNDARIES} for t in ev},
+            {nm[t]: {bd: ev[t].overall[bd]["mse"] for bd in TABLE_ROWS} for t in ev},
             labels=BOUNDARY_LABELS)
         _update_in_place(self.fig_bars, bars)
         along = F.error_along_tokens({nm[t]: ev[t].along for t in ev})
