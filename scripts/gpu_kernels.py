@@ -77,8 +77,32 @@ FINAL = [  # second H200 call: the old default and candidates suggested by the f
     ("64x128 s2 device-TMA maxnreg168", {"num_stages": 2, "use_tma": "device", "maxnreg": 168}),
 ]
 
+# Third H200 call (2026-11-30, second session), over the committed default (dispatch.TUNING):
+# a local sm_90 compile (scripts/sass_stats.py) showed that triton's max_num_imprecise_acc bound
+# makes ptxas serialize EVERY wgmma of the kernel (C7514: "non wgmma instructions reading
+# accumulator registers"); flush="fma" keeps the per-tile flush without that. The fresh P @ V
+# accumulator needs 64 more registers per thread, so the register cap is swept with it.
+FLUSH = [
+    ("committed default (triton flush, 168 regs)", {}),
+    ("fma 168 regs", {"flush": "fma"}),
+    ("fma 200 regs", {"flush": "fma", "maxnreg": 200}),
+    ("fma 232 regs", {"flush": "fma", "maxnreg": 232}),
+    ("fma no cap", {"flush": "fma", "maxnreg": None}),
+    ("fma no cap s3", {"flush": "fma", "maxnreg": None, "num_stages": 3}),
+    ("fma no cap pipe_qk", {"flush": "fma", "maxnreg": None, "pipe_qk": True}),
+    ("fma 128x128 w8 no cap", {"flush": "fma", "maxnreg": None, "block_m": 128, "num_warps": 8}),
+    ("fma 128x128 w8 s3 no cap", {"flush": "fma", "maxnreg": None, "block_m": 128,
+                                  "num_warps": 8, "num_stages": 3}),
+    ("fma 128x64 w8 no cap", {"flush": "fma", "maxnreg": None, "block_m": 128, "block_n": 64,
+                              "num_warps": 8}),
+    ("fma 64x64 168 regs", {"flush": "fma", "block_n": 64}),
+    ("fma 64x64 no cap", {"flush": "fma", "block_n": 64, "maxnreg": None}),
+    ("fma no cap device TMA", {"flush": "fma", "maxnreg": None, "use_tma": "device"}),
+    ("fma no cap lazy8", {"flush": "fma", "maxnreg": None, "lazy_tau": 8.0}),
+]
 
-def sweep(short=False):
+
+def sweep(short=False, flush=False):
     from workbench.attention import dense_attention_f64, evenly_spaced_rows
     from workbench.bench.attention import make_inputs
     from workbench.bench.harness import median_ms
@@ -96,17 +120,22 @@ def sweep(short=False):
                                  smooth_v=True, v_bias_correction=True))
     idx = evenly_spaced_rows(S, 64).cuda()
     ref, _ = dense_attention_f64(*sets[0], query_index=idx)
-    configs = list(FINAL if short else CONFIGS)
-    cur = {k: v for k, v in dispatch.TUNING.items() if BASE.get(k) != v}
-    if short and cur not in [c[1] for c in configs]:
-        configs.append(("committed default", cur))
-    configs.append(("committed default, max_num_imprecise_acc=0 (full precision)",
-                    {**cur, "max_imprecise": 0}))
+    base = BASE
+    if flush:
+        base = dict(dispatch.TUNING)
+        configs = list(FLUSH)
+    else:
+        configs = list(FINAL if short else CONFIGS)
+        cur = {k: v for k, v in dispatch.TUNING.items() if BASE.get(k) != v}
+        if short and cur not in [c[1] for c in configs]:
+            configs.append(("committed default", cur))
+        configs.append(("committed default, max_num_imprecise_acc=0 (full precision)",
+                        {**cur, "max_imprecise": 0}))
     rows = []
     flops = 4.0 * B * H * S * S * D
     out = torch.empty_like(sets[0][0])
     for label, over in configs:
-        cfg = {**BASE, **over}
+        cfg = {**base, **over}
         try:
             o, _ = fp8_attention_fwd(qkvs[0], num_heads=H, scale=D**-0.5, out=out, **cfg)
             torch.cuda.synchronize()
@@ -135,13 +164,13 @@ def sweep(short=False):
         dispatch.TUNING.clear()
         dispatch.TUNING.update(best["cfg"])
         log(f"chosen TUNING: {best['label']} {dispatch.TUNING}")
-    prep_rows = prep_sweep(sets, short=short)
+    prep_rows = prep_sweep(sets, short=short, flush=flush)
     qkvs = sets = None  # noqa: F841 - free the sweep buffers
     torch.cuda.empty_cache()
     return rows, best, prep_rows
 
 
-def prep_sweep(sets, short=False):
+def prep_sweep(sets, short=False, flush=False):
     """Per-kernel times of the statistics and quantization passes, and config variants."""
     from workbench.bench.harness import copy_bandwidth_tbs, median_ms
     from workbench.kernels import kv_stats as ks
@@ -158,6 +187,9 @@ def prep_sweep(sets, short=False):
                   (128, 2, 8), (16, 32, 4)]
     if short:
         stats_cfgs = [(16, 32, 4), (16, 64, 4), (8, 64, 4), (32, 32, 4)]
+    if flush:  # after the full-chunk fast path (no row masks / selects outside the last chunk)
+        stats_cfgs = [(16, 32, 4), (8, 64, 4), (8, 128, 4), (16, 64, 4), (4, 128, 4), (8, 32, 4),
+                      (16, 16, 4), (8, 64, 8)]
     default = (ks.STATS_ROWS, ks.STATS_SUB, ks.STATS_WARPS)
     for rws, sub, w in stats_cfgs:
         ks.STATS_ROWS, ks.STATS_SUB, ks.STATS_WARPS = rws, sub, w
@@ -181,8 +213,15 @@ def prep_sweep(sets, short=False):
                   (True, 64, 8, 4), (True, 128, 4, 8)]
     if short:
         quant_cfgs = [vdefault, (True, 64, 4, 8), (True, 256, 1, 8)]
-    for trans, rws, sub, w in quant_cfgs:
+    hw_default = qz.HW_ROUND
+    if flush:  # explicit rounding vs the hardware cast, and the QK warps
+        quant_cfgs = [(*vdefault, False, 4), (*vdefault, True, 4), (*vdefault, True, 8),
+                      (True, 64, 4, 8, True, 4), (True, 128, 4, 8, True, 4)]
+    quant_cfgs = [c if len(c) == 6 else (*c, hw_default, qz.QK_WARPS) for c in quant_cfgs]
+    qk_default = qz.QK_WARPS
+    for trans, rws, sub, w, hw, qkw in quant_cfgs:
         qz.V_TRANS_STORE, qz.V_ROWS, qz.V_SUB, qz.V_WARPS = trans, rws, sub, w
+        qz.HW_ROUND, qz.QK_WARPS = hw, qkw
         try:
             def fn():
                 return qz.quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=True,
@@ -190,16 +229,20 @@ def prep_sweep(sets, short=False):
             a = fn()
             ms = [median_ms(fn, rep_ms=100) for _ in range(2)]
             gb = 3 * nbytes * 1.5  # read bf16 Q/K/V, write fp8 Q/K/V
-            rows.append(dict(what=f"quant trans{int(trans)} rows{rws} sub{sub} w{w}", ms=ms,
-                             tbs=gb / (min(ms) * 1e-3) / 1e12))
-            held.setdefault("v8t", a.v8t)
-            same = bool(torch.equal(a.v8t.view(torch.uint8), held["v8t"].view(torch.uint8)))
-            rows[-1]["v8t_equal"] = same
-            log(f"quant trans{int(trans)} rows{rws} sub{sub} w{w}: {ms[0]:.3f} {ms[1]:.3f} ms "
-                f"{gb / (min(ms) * 1e-3) / 1e12:.2f} TB/s; V^T codes equal to the first {same}")
+            tag = f"quant trans{int(trans)} rows{rws} sub{sub} w{w} hw{int(hw)} qkw{qkw}"
+            rows.append(dict(what=tag, ms=ms, tbs=gb / (min(ms) * 1e-3) / 1e12))
+            for name in ("q8", "k8", "v8t"):
+                held.setdefault(name, getattr(a, name))
+            same = all(bool(torch.equal(getattr(a, n).view(torch.uint8),
+                                        held[n].view(torch.uint8))) for n in ("q8", "k8", "v8t"))
+            rows[-1]["codes_equal"] = same
+            log(f"{tag}: {ms[0]:.3f} {ms[1]:.3f} ms "
+                f"{gb / (min(ms) * 1e-3) / 1e12:.2f} TB/s; Q/K/V codes equal to the first {same}")
         except Exception as exc:  # noqa: BLE001
-            log(f"quant {trans} {rws} {sub} {w} FAILED {type(exc).__name__}: {str(exc)[:200]}")
+            log(f"quant {trans} {rws} {sub} {w} {hw} FAILED {type(exc).__name__}: "
+                f"{str(exc)[:200]}")
     qz.V_TRANS_STORE, qz.V_ROWS, qz.V_SUB, qz.V_WARPS = vdefault
+    qz.HW_ROUND, qz.QK_WARPS = hw_default, qk_default
     # per-kernel split of the quantization pass (default config)
     import triton
 
@@ -209,7 +252,8 @@ def prep_sweep(sets, short=False):
     sc = torch.empty((B, H, S_pad // 64), device="cuda")
     fq = lambda: qz._quant_tokens_kernel[(S_pad // 64, B * H)](  # noqa: E731
         q, q, q8, sc, S, S_pad, H, 1, q.stride(0), q.stride(1), q.stride(2),
-        HEAD_D=D, BLOCK=64, CENTER=False, SCALE_RECIP=True, num_warps=qz.QK_WARPS)
+        HEAD_D=D, BLOCK=64, CENTER=False, SCALE_RECIP=True, HW_ROUND=qz.HW_ROUND,
+        num_warps=qz.QK_WARPS)
     ms = median_ms(fq, rep_ms=100)
     log(f"quant Q-token kernel alone {ms:.3f} ms {1.5 * nbytes / (ms * 1e-3) / 1e12:.2f} TB/s")
     rows.append(dict(what="quant token kernel (Q)", ms=[ms]))
@@ -251,10 +295,20 @@ def main():
     summary = {"tests": run_tests()}
     diag = quantizer_diagnostic()
     mode = os.environ.get("MODE", "full")
-    rows, best, prep_rows = sweep(short=mode == "full")
+    rows, best, prep_rows = sweep(short=mode == "full", flush=mode == "flush")
     summary["sweep"] = rows
     summary["chosen"] = best
-    if mode == "sweep":
+    if mode in ("sweep", "flush"):
+        print("\n== summary ==")
+        print("tests:", summary["tests"])
+        for r in rows:
+            if "ms" in r:
+                print(f"  {r['label']:44s} {r['ms_runs'][0]:8.3f} {r['ms_runs'][1]:8.3f} ms "
+                      f"{r['tflops']:5.0f} TF/s relL2 {r['rel_l2']:.4e}")
+            else:
+                print(f"  {r['label']:44s} {r['error'][:80]}")
+        for r in prep_rows:
+            print("  ", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
         with open(os.path.join(OUT, "sweep.json"), "w") as f:
             json.dump({"diag": diag, "sweep": rows, "prep": prep_rows}, f, indent=1, default=str)
         log("done (sweep only)")

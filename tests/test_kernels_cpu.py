@@ -78,7 +78,7 @@ def test_explicit_roundings_match_torch_bitwise():
     assert torch.equal(z, x.to(torch.bfloat16).float())
 
 
-@pytest.mark.parametrize("S", [64, 300])
+@pytest.mark.parametrize("S", [64, 300, 1100])  # 1100: two full 512-token chunks + a partial one
 def test_kv_stats_match_torch_and_are_deterministic(S):
     _, k, v = biased_qkv(B=2, S=S)
     a = kv_stats(k, v, smooth_k=True, smooth_v=True)
@@ -207,6 +207,22 @@ def test_tma_descriptor_path_matches_pointer_path():
     b = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", block_m=64, block_n=64,
                                       use_tma=True)
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("S", [40, 100, 300])
+def test_flush_and_pipelined_variants_equal_the_plain_loop(S):
+    """flush="fma" (fresh P @ V accumulator + FMA) and pipe_qk (scores of tile j issued before
+    tile j-1's softmax) do the same FP32 arithmetic in the same order as the plain loop, so in the
+    interpreter (exact FP32 dots) they agree bitwise; S = 40 has no full key tile, 100 one, 300
+    four plus a partial one."""
+    q, k, v = biased_qkv(B=1, S=S, H=2, seed=S)
+    kw = dict(block_m=64, block_n=64, return_lse=True)
+    a, la = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", **kw)
+    for extra in ({"flush": "fma"}, {"pipe_qk": True}, {"flush": "fma", "pipe_qk": True}):
+        b, lb = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", **kw, **extra)
+        assert torch.equal(a, b) and torch.equal(la, lb), extra
+    with pytest.raises(ValueError, match="flush"):
+        dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", flush="fast")
 
 
 def test_dispatch_support_rules():

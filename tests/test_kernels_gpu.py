@@ -135,3 +135,40 @@ def test_round_p_and_tma_variants_agree():
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"TMA descriptors unavailable: {exc}")
     assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("extra", [{"flush": "triton"}, {"flush": "fma"},
+                                   {"flush": "fma", "pipe_qk": True},
+                                   {"flush": "fma", "maxnreg": None}])
+def test_flush_and_pipeline_variants_within_tolerance(extra):
+    """Every accumulation / scheduling variant the sweep may pick meets the tolerance rule, on a
+    shape with many full key tiles and a partial one, and writes every row."""
+    from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
+    from workbench.kernels.dispatch import fp8_recipe_attention
+
+    q, k, v = biased_qkv(1, 5000, 4, 4, 128, seed=21)
+    idx = evenly_spaced_rows(5000, 256).cuda()
+    ref, _ = dense_attention_f64(q, k, v, query_index=idx)
+    emu = recipe_attention(q, k, v, "fp8_dense_kv_corrected", query_index=idx)
+    out = fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", **extra)
+    assert out.isfinite().all()
+    assert rel_l2(out[:, idx], ref) <= 1.25 * rel_l2(emu.out, ref)
+
+
+def test_hardware_e4m3_cast_in_the_quantizer_equals_explicit_rounding(monkeypatch):
+    from workbench.kernels import quantize as qz
+    from workbench.kernels.kv_stats import kv_stats
+
+    q, k, v = biased_qkv(1, 3000, 4, 2, 128, seed=5)
+    q = q * 40  # reach E4M3 subnormals and the saturation edge as well
+    st = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    runs = []
+    for hw in (False, True):
+        monkeypatch.setattr(qz, "HW_ROUND", hw)
+        runs.append(qz.quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=True,
+                                    smooth_v=True, v_bias_correction=True))
+    a, b = runs
+    for name in ("q8", "k8", "v8t"):
+        assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8))
+    for name in ("q_scale", "k_scale", "v_scale", "v_corr"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name

@@ -53,14 +53,58 @@ def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
 
 
 @triton.jit
+def _load_k(K8, kd, kbase, n0, offs_n, d, HEAD_D: tl.constexpr, USE_TMA: tl.constexpr):
+    if USE_TMA != 0:
+        return kd.load([kbase + n0, 0])
+    else:
+        return tl.load(K8 + (kbase + n0 + offs_n)[:, None] * HEAD_D + d[None, :])
+
+
+@triton.jit
+def _load_v(V8T, vd, vbase, n0, S_pad, offs_n, d, USE_TMA: tl.constexpr):
+    if USE_TMA != 0:
+        return tl.trans(vd.load([vbase, n0]))
+    else:
+        return tl.load(V8T + (vbase + d)[None, :] * S_pad + (n0 + offs_n)[:, None])
+
+
+@triton.jit
 def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
-               LAZY_TAU: tl.constexpr):
+               LAZY_TAU: tl.constexpr, PV_FMA: tl.constexpr):
     """One key tile of the online softmax. Returns the updated (acc, l_i, m_i)."""
+    raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
+    return _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n, BLOCK_N,
+                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA)
+
+
+@triton.jit
+def _pipe_step(acc, l_i, m_i, raw, q, qs, K8, V8T, kd, vd, SK, kbase, vbase, skbase, j, S,
+               S_pad, offs_n, d, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr,
+               SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
+               IMP_PV: tl.constexpr, LAZY_TAU: tl.constexpr, USE_TMA: tl.constexpr,
+               PV_FMA: tl.constexpr):
+    """Software-pipelined step j (FA3's intra-warpgroup overlap): issue the scores of key tile j,
+    then run tile j-1's softmax and P @ V while that wgmma runs. The new scores are only
+    yielded, so triton can leave the wgmma in flight until the next step reads them."""
+    raw_next = _dot_fp8(q, tl.trans(_load_k(K8, kd, kbase, j * BLOCK_N, offs_n, d, HEAD_D,
+                                            USE_TMA)), None, IMP_QK)
+    v = _load_v(V8T, vd, vbase, (j - 1) * BLOCK_N, S_pad, offs_n, d, USE_TMA)
+    acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, (j - 1) * BLOCK_N, S,
+                                offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P, IMP_PV, LAZY_TAU,
+                                PV_FMA)
+    return acc, l_i, m_i, raw_next
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
+                BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
+                ROUND_P: tl.constexpr, IMP_PV: tl.constexpr, LAZY_TAU: tl.constexpr,
+                PV_FMA: tl.constexpr):
+    """Online softmax of one tile's raw scores [BLOCK_M, BLOCK_N] and its P @ V."""
     # The row max m is kept in "t units" (raw score * K scale); the Q-row factor qs (Q scale *
     # softmax scale * log2 e, > 0) enters through one FMA per element: p = 2^(x*f - m*qs).
-    raw = tl.dot(q, tl.trans(k), max_num_imprecise_acc=IMP_QK)
     if BLOCK_N == SCALE_BLOCK:
         # One K scale for the whole tile: fold it into the per-row factor (f = qs * s_k) and into
         # the row max (s_k > 0 commutes with max), so the tile needs no per-element multiply.
@@ -101,12 +145,39 @@ def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
         alpha = tl.math.exp2(m_i * qs - mq)
         p = tl.math.exp2(tl.fma(x, f[:, None], -mq[:, None]))
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
+        if not PV_FMA:
+            acc = acc * alpha[:, None]
         m_i = m_cand
     if ROUND_P:
         p = round_unit_to_e4m3(p)
-    acc = tl.dot(p.to(tl.float8e4nv), v, acc, max_num_imprecise_acc=IMP_PV)
+    if PV_FMA:
+        # This tile's P @ V (one BLOCK_N-long FP8 chain) lands in a fresh accumulator and is
+        # flushed into the FP32 output accumulator by one FMA with the rescale: the per-tile flush
+        # that max_num_imprecise_acc = BLOCK_N asks for, written so that no non-wgmma
+        # instruction reads a wgmma accumulator mid-pipeline (with triton's bound, ptxas 12.x/13
+        # serializes every wgmma of the kernel: C7514, "non wgmma instructions reading
+        # accumulator registers").
+        pv = _dot_fp8(p.to(tl.float8e4nv), v, None, -1)
+        if LAZY_TAU > 0:
+            acc = acc + pv
+        else:
+            acc = acc * alpha[:, None] + pv
+    else:
+        acc = _dot_fp8(p.to(tl.float8e4nv), v, acc, IMP_PV)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _dot_fp8(a, b, acc, IMP: tl.constexpr):
+    """FP8 wgmma with FP32 output. IMP >= 0: triton's max_num_imprecise_acc bound; -1: triton's
+    sm_90 default (no bound: the whole chain stays in the tensor core's accumulator)."""
+    if IMP < 0:
+        if acc is None:
+            return tl.dot(a, b)
+        else:
+            return tl.dot(a, b, acc)
+    else:
+        return tl.dot(a, b, acc, max_num_imprecise_acc=IMP)
 
 
 @triton.jit
@@ -119,8 +190,8 @@ def _fp8_attn_fwd_kernel(
     SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
     IMP_PV: tl.constexpr,
     WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
-    LAZY_TAU: tl.constexpr, WARP_SPEC: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    LAZY_TAU: tl.constexpr, WARP_SPEC: tl.constexpr, PIPE_QK: tl.constexpr,
+    PV_FMA: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -158,14 +229,36 @@ def _fp8_attn_fwd_kernel(
     # triton 3.6's interpreter with numpy >= 2.4 fails on `for` loops with a run-time bound, so the
     # interpreter runs the same tile function in a `while` loop; compiled code keeps the `for`
     # (software-pipelined by num_stages, optionally warp-specialized).
-    if INTERPRET:
+    if PIPE_QK:
+        if n_full > 0:
+            raw = _dot_fp8(q, tl.trans(_load_k(K8, kd, kbase, 0, offs_n, d, HEAD_D, USE_TMA)),
+                           None, IMP_QK)
+            if INTERPRET:
+                j = 1
+                while j < n_full:
+                    acc, l_i, m_i, raw = _pipe_step(
+                        acc, l_i, m_i, raw, q, qs, K8, V8T, kd, vd, SK, kbase, vbase, skbase, j,
+                        S, S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK,
+                        IMP_PV, LAZY_TAU, USE_TMA, PV_FMA)
+                    j += 1
+            else:
+                for j in tl.range(1, n_full):
+                    acc, l_i, m_i, raw = _pipe_step(
+                        acc, l_i, m_i, raw, q, qs, K8, V8T, kd, vd, SK, kbase, vbase, skbase, j,
+                        S, S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK,
+                        IMP_PV, LAZY_TAU, USE_TMA, PV_FMA)
+            v = _load_v(V8T, vd, vbase, (n_full - 1) * BLOCK_N, S_pad, offs_n, d, USE_TMA)
+            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase,
+                                        (n_full - 1) * BLOCK_N, S, offs_n, BLOCK_N, SCALE_BLOCK,
+                                        False, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA)
+    elif INTERPRET:
         j = 0
         while j < n_full:
             k, v = _load_kv(K8, V8T, kd, vd, kbase, vbase, j * BLOCK_N, S_pad, offs_n, d,
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, LAZY_TAU)
+                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA)
             j += 1
     else:
         for j in tl.range(0, n_full, warp_specialize=WARP_SPEC):
@@ -173,7 +266,7 @@ def _fp8_attn_fwd_kernel(
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, LAZY_TAU)
+                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA)
     # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked to -inf).
     if n_full * BLOCK_N < S:
         n0 = n_full * BLOCK_N
@@ -181,7 +274,7 @@ def _fp8_attn_fwd_kernel(
                         HEAD_D, BLOCK_N, USE_TMA)
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                                    BLOCK_N, SCALE_BLOCK, True, ROUND_P, IMP_QK, IMP_PV,
-                                   LAZY_TAU)
+                                   LAZY_TAU, PV_FMA)
 
     # Epilogue: V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32.
     vs = tl.load(VS + bhk * HEAD_D + d)
@@ -245,6 +338,8 @@ def fp8_attention_fwd(
     lazy_tau: float = 0.0,
     warp_specialize: bool = False,
     maxnreg: int | None = None,
+    pipe_qk: bool = False,
+    flush: str = "triton",
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
@@ -255,6 +350,12 @@ def fp8_attention_fwd(
     (exp2 already compiles to ex2.approx.ftz.f32, one MUFU op.) warp_specialize: triton's automatic
     warp specialization
     of the key loop (experimental on Hopper in triton 3.6; needs device descriptors).
+    pipe_qk: issue tile j's Q K^T before tile j-1's softmax (software pipelining by hand).
+    flush: how each tile's FP8 products reach the FP32 accumulator (both flush once per tile of
+    <= 128 reduction elements, so both have the same precision): "triton" = max_num_imprecise_acc
+    (max_imprecise) on both dots; "fma" = Q K^T as one unbounded chain (it starts from zero) and
+    P @ V into a fresh accumulator added with acc * alpha + pv, which keeps ptxas from
+    serializing the wgmmas. max_imprecise = 0 (flush every 32-wide step) needs "triton".
     """
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
@@ -269,6 +370,9 @@ def fp8_attention_fwd(
         warp_specialize = False
         tma = min(tma, 1)
     assert S_pad % block_m == 0 and S_pad % block_n == 0
+    if flush not in ("triton", "fma"):
+        raise ValueError(f"flush must be 'triton' or 'fma', got {flush!r}")
+    pv_fma = flush == "fma"
     if lazy_tau > 8:
         raise ValueError("lazy_tau > 8 lets P exceed 256 (E4M3 saturates at 448)")
     if out is None:
@@ -293,9 +397,9 @@ def fp8_attention_fwd(
         S, S_pad, H, H // Hkv, row_start, scale * LOG2E, B * Hkv * S_pad,
         out.stride(0), out.stride(1), out.stride(2),
         HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, SCALE_BLOCK=64, ROUND_P=round_p,
-        IMP_QK=min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n),
+        IMP_QK=-1 if pv_fma else min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n),
         WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=tma, LAZY_TAU=float(lazy_tau),
-        WARP_SPEC=bool(warp_specialize),
+        WARP_SPEC=bool(warp_specialize), PIPE_QK=bool(pipe_qk), PV_FMA=pv_fma,
         INTERPRET=interp, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out, lse

@@ -46,6 +46,10 @@ V_SUB = 2
 V_WARPS = 8
 QK_WARPS = 4
 V_TRANS_STORE = True  # transpose the tile in the kernel so the V^T store is token-contiguous
+# GPU: round with the hardware cast (cvt.rn.satfinite.e4m3x2.f32 = RNE with saturation at 448,
+# the same values as round_to_e4m3; the GPU tests compare the codes with the torch twin bitwise).
+# The interpreter always rounds explicitly (its cast mis-rounds, DESIGN.md section 5).
+HW_ROUND = False
 # fl32(1/448) = what torch's CUDA `amax / 448.0` multiplies by (see _quant_tokens_kernel)
 INV_448: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(448.0)))
 CORR_CHUNKS = 8
@@ -75,6 +79,7 @@ def _quant_tokens_kernel(
     S, S_pad, H, HMU_GROUP,
     stride_xb, stride_xs, stride_xh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr, SCALE_RECIP: tl.constexpr,
+    HW_ROUND: tl.constexpr,
 ):
     """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
     blk = tl.program_id(0)
@@ -101,8 +106,12 @@ def _quant_tokens_kernel(
     else:
         scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)),
                          1.0)
-    q = round_to_e4m3(tl.math.div_rn(x, tl.broadcast_to(scale, x.shape)))
-    tl.store(OUT8 + (bh * S_pad + t[:, None]) * HEAD_D + d[None, :], q.to(tl.float8e4nv))
+    y = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
+    if HW_ROUND:  # cvt.rn.satfinite: the same RNE + saturation as round_to_e4m3 (GPU only)
+        q8 = y.to(tl.float8e4nv)
+    else:
+        q8 = round_to_e4m3(y).to(tl.float8e4nv)
+    tl.store(OUT8 + (bh * S_pad + t[:, None]) * HEAD_D + d[None, :], q8)
     tl.store(SCALE + bh * (S_pad // BLOCK) + blk, scale)
 
 
@@ -112,7 +121,7 @@ def _quant_v_kernel(
     S, S_pad, HKV, n_chunks,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, CENTER: tl.constexpr,
-    TRANS_STORE: tl.constexpr,
+    TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr,
 ):
     """One program = one (batch, head, 256-token chunk): center, round with channel scales, store
     transposed, and keep the per-channel sum of the quantized values for the correction."""
@@ -132,15 +141,20 @@ def _quant_v_kernel(
         x = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
                     mask=ok, other=0.0).to(tl.float32)
         x = tl.where(ok, x - mu[None, :], 0.0)
-        q = round_to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape)))
-        qsum += q
+        y = tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape))
+        if HW_ROUND:
+            q8 = y.to(tl.float8e4nv)
+            qsum += q8.to(tl.float32)
+        else:
+            q = round_to_e4m3(y)
+            qsum += q
+            q8 = q.to(tl.float8e4nv)
         # transposed store: [D, ROWS] with tokens contiguous. TRANS_STORE transposes the tile
         # first (through shared memory) so each thread writes runs of consecutive tokens.
         if TRANS_STORE:
-            tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :],
-                     tl.trans(q.to(tl.float8e4nv)))
+            tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], tl.trans(q8))
         else:
-            tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q.to(tl.float8e4nv))
+            tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q8)
     tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
 
 
@@ -188,6 +202,7 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
     nb = S_pad // QK_BLOCK
     dev = q.device
     interp = interpreting()
+    hw_round = HW_ROUND and not interp
     f8 = torch.float8_e4m3fn
     q8 = torch.empty((B, H, S_pad, D), dtype=f8, device=dev)
     k8 = torch.empty((B, Hkv, S_pad, D), dtype=f8, device=dev)
@@ -196,11 +211,13 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
     k_scale = torch.empty((B, Hkv, nb), dtype=torch.float32, device=dev)
     _quant_tokens_kernel[(nb, B * H)](
         q, q, q8, q_scale, S, S_pad, H, 1, q.stride(0), q.stride(1), q.stride(2),
-        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=False, SCALE_RECIP=not interp, num_warps=QK_WARPS,
+        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=False, SCALE_RECIP=not interp, HW_ROUND=hw_round,
+        num_warps=QK_WARPS,
     )
     _quant_tokens_kernel[(nb, B * Hkv)](
         k, mu_k, k8, k_scale, S, S_pad, Hkv, 1, k.stride(0), k.stride(1), k.stride(2),
-        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=smooth_k, SCALE_RECIP=not interp, num_warps=QK_WARPS,
+        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=smooth_k, SCALE_RECIP=not interp, HW_ROUND=hw_round,
+        num_warps=QK_WARPS,
     )
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
     assert S_pad % (V_ROWS * V_SUB) == 0
@@ -210,7 +227,7 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
         v, mu_v, v_scale, v8t, psum, S, S_pad, Hkv, n_chunks,
         v.stride(0), v.stride(1), v.stride(2),
         HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, TRANS_STORE=V_TRANS_STORE,
-        num_warps=V_WARPS,
+        HW_ROUND=hw_round, num_warps=V_WARPS,
     )
     v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=dev)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)

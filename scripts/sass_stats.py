@@ -1,0 +1,111 @@
+"""Compile the FP8 attention kernel for sm_90 on ANY machine (no GPU needed) and count what ptxas
+made of it: registers, shared memory, spills and the instruction mix of the SASS.
+
+    python scripts/sass_stats.py '{"pv_fma": true, "exp_f16": true}' [...]
+
+Each argument is a JSON object of overrides of dispatch.TUNING's kernel constants (block_m, block_n,
+num_warps, num_stages, maxnreg, use_tma, lazy_tau, pipe_qk, max_imprecise). Used to check
+a kernel change (spills, MUFU / FP32 op counts) before spending GPU time on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from workbench.kernels.attention_fp8 import _fp8_attn_fwd_kernel as KERNEL  # noqa: E402
+from workbench.kernels.dispatch import TUNING  # noqa: E402
+
+OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F2F", "STL", "LDL",
+       "SHFL", "BAR", "STS", "LDS"]
+
+
+def compile_sm90(cfg: dict):
+    bm, bn, tma = cfg["block_m"], cfg["block_n"], 1 if cfg["use_tma"] in (True, "host") else 0
+    types = ["*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp32", "*bf16",
+             "*fp32"]
+    if tma:
+        types += [f"tensordesc<fp8e4nv[{bm}, 128]>", f"tensordesc<fp8e4nv[{bn}, 128]>",
+                  f"tensordesc<fp8e4nv[128, {bn}]>"]
+    else:
+        types += ["constexpr"] * 3
+    types += ["i32"] * 5 + ["fp32"] + ["i32"] * 4
+    names = KERNEL.arg_names
+    sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
+    imp = cfg["max_imprecise"]
+    cst = dict(HEAD_D=128, BLOCK_M=bm, BLOCK_N=bn, SCALE_BLOCK=64, ROUND_P=False,
+               IMP_QK=cfg.get("imp_qk", -1 if cfg.get("flush") == "fma" else min(imp, 128)),
+               IMP_PV=cfg.get("imp_pv", min(imp, bn)), PV_FMA=cfg.get("flush") == "fma",
+               WRITE_LSE=False, OUT_F32=False,
+               USE_TMA=tma, LAZY_TAU=float(cfg["lazy_tau"]), WARP_SPEC=False,
+               PIPE_QK=bool(cfg.get("pipe_qk")), INTERPRET=False)
+    if not tma:
+        cst.update(qd=None, kd=None, vd=None)
+    src = ASTSource(fn=KERNEL, signature=sig,
+                    constexprs={(names.index(k),): v for k, v in cst.items()})
+    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg.get("maxnreg"):
+        opts["maxnreg"] = cfg["maxnreg"]
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def ptxas_info(kernel, maxnreg=None) -> str:
+    """ptxas -v's notes for the kernel's PTX (spills and C7514-style wgmma serialization)."""
+    ptx = "/tmp/sass/_k.ptx"
+    os.makedirs("/tmp/sass", exist_ok=True)
+    with open(ptx, "w") as f:
+        f.write(kernel.asm["ptx"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    cmd = [tool, "-arch=sm_90a", "-v", ptx, "-o", "/tmp/sass/_k.cubin"]
+    if maxnreg:
+        cmd += ["--maxrregcount", str(maxnreg)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    text = r.stdout + r.stderr
+    notes = []
+    if "serialized" in text:
+        why = text.split("serialized due to", 1)[1].split(" in the")[0]
+        notes.append("WGMMA SERIALIZED: " + why)
+    m = re.search(r"(\d+) bytes spill stores", text)
+    notes.append(f"spill stores {m.group(1) if m else '?'} B")
+    return "; ".join(notes)
+
+
+def sass_counts(kernel, tag: str, out_dir: str = "/tmp/sass") -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    cubin = os.path.join(out_dir, f"{tag}.cubin")
+    with open(cubin, "wb") as f:
+        f.write(kernel.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+    with open(os.path.join(out_dir, f"{tag}.sass"), "w") as f:
+        f.write(sass)
+    with open(os.path.join(out_dir, f"{tag}.ttgir"), "w") as f:
+        f.write(kernel.asm["ttgir"])
+    res = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res, re.S)
+    counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass)) for op in OPS}
+    regs, shared, local = (int(x) for x in m.groups()) if m else (None, None, None)
+    return {"regs": regs, "shared_static": shared, "local": local,
+            "shared": kernel.metadata.shared, **counts}
+
+
+def main(argv):
+    for i, arg in enumerate(argv or ["{}"]):
+        cfg = {**TUNING, **json.loads(arg)}
+        kernel = compile_sm90(cfg)
+        stats = sass_counts(kernel, f"k{i}")
+        stats["ptxas"] = ptxas_info(kernel, cfg.get("maxnreg"))
+        print(json.dumps(json.loads(arg)), json.dumps(stats), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
