@@ -119,6 +119,22 @@ def test_quantized_operands_equal_the_emulation(name):
         torch.testing.assert_close(eff_mean, v.float().mean(1), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("sub", [2, 4])
+def test_quantizer_blocks_per_program_do_not_change_codes(sub, monkeypatch):
+    from workbench.kernels import quantize as qz
+
+    q, k, v = biased_qkv(B=1, S=300, H=2)
+    st = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    args = (q, k, v, st.mu_k, st.mu_v, st.v_amax)
+    kw = dict(smooth_k=True, smooth_v=True, v_bias_correction=True)
+    a = quantize_qkv(*args, **kw)
+    monkeypatch.setattr(qz, "QK_SUB", sub)
+    b = quantize_qkv(*args, **kw)
+    for name in ("q8", "k8"):
+        assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8))
+    assert torch.equal(a.q_scale, b.q_scale) and torch.equal(a.k_scale, b.k_scale)
+
+
 def test_single_tile_attention_equals_torch_of_the_same_operands():
     """One key tile: running max = final max, so the kernel must match the twin to BF16 rounding."""
     q, k, v = biased_qkv(B=2, S=100)

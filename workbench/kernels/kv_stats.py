@@ -53,36 +53,6 @@ class KVStats:
 
 
 @triton.jit
-def _stats_chunk(K, V, kbase, vbase, t0, S, stride_ks, stride_vs, d, ksum, vsum, vmax, vmin,
-                 ROWS: tl.constexpr, N_SUB: tl.constexpr, SUM_K: tl.constexpr,
-                 SUM_V: tl.constexpr, MASKED: tl.constexpr):
-    """N_SUB sub-tiles of ROWS tokens from t0 on. MASKED only for the chunk holding the end of
-    the sequence: full chunks skip the row mask and the two selects per V element."""
-    for i in tl.static_range(N_SUB):
-        t = t0 + i * ROWS + tl.arange(0, ROWS)
-        if MASKED:
-            ok = (t < S)[:, None]
-            if SUM_K:
-                ksum += tl.load(K + kbase + t[:, None] * stride_ks + d[None, :], mask=ok,
-                                other=0.0).to(tl.float32)
-            x = tl.load(V + vbase + t[:, None] * stride_vs + d[None, :], mask=ok,
-                        other=0.0).to(tl.float32)
-            if SUM_V:
-                vsum += x
-            vmax = tl.maximum(vmax, tl.where(ok, x, float("-inf")))
-            vmin = tl.minimum(vmin, tl.where(ok, x, float("inf")))
-        else:
-            if SUM_K:
-                ksum += tl.load(K + kbase + t[:, None] * stride_ks + d[None, :]).to(tl.float32)
-            x = tl.load(V + vbase + t[:, None] * stride_vs + d[None, :]).to(tl.float32)
-            if SUM_V:
-                vsum += x
-            vmax = tl.maximum(vmax, x)
-            vmin = tl.minimum(vmin, x)
-    return ksum, vsum, vmax, vmin
-
-
-@triton.jit
 def _kv_partial_kernel(
     K, V, PK, PV, PVMAX, PVMIN,
     S, HKV, n_chunks,
@@ -100,19 +70,18 @@ def _kv_partial_kernel(
     vsum = tl.zeros([ROWS, HEAD_D], tl.float32)
     vmax = tl.full([ROWS, HEAD_D], float("-inf"), tl.float32)
     vmin = tl.full([ROWS, HEAD_D], float("inf"), tl.float32)
-    t0 = c * (ROWS * N_SUB)
-    kbase = b * stride_kb + h * stride_kh
-    vbase = b * stride_vb + h * stride_vh
-    # Same per-slot summation order on both paths (masked rows add exact zeros), so the result
-    # does not depend on which path a chunk took.
-    if t0 + ROWS * N_SUB <= S:
-        ksum, vsum, vmax, vmin = _stats_chunk(K, V, kbase, vbase, t0, S, stride_ks, stride_vs, d,
-                                              ksum, vsum, vmax, vmin, ROWS, N_SUB, SUM_K, SUM_V,
-                                              False)
-    else:
-        ksum, vsum, vmax, vmin = _stats_chunk(K, V, kbase, vbase, t0, S, stride_ks, stride_vs, d,
-                                              ksum, vsum, vmax, vmin, ROWS, N_SUB, SUM_K, SUM_V,
-                                              True)
+    for i in tl.static_range(N_SUB):
+        t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
+        ok = (t < S)[:, None]
+        if SUM_K:
+            kp = K + b * stride_kb + h * stride_kh + t[:, None] * stride_ks + d[None, :]
+            ksum += tl.load(kp, mask=ok, other=0.0).to(tl.float32)
+        vp = V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :]
+        x = tl.load(vp, mask=ok, other=0.0).to(tl.float32)
+        if SUM_V:
+            vsum += x
+        vmax = tl.maximum(vmax, tl.where(ok, x, float("-inf")))
+        vmin = tl.minimum(vmin, tl.where(ok, x, float("inf")))
     o = (bh * n_chunks + c) * HEAD_D + d
     if SUM_K:
         tl.store(PK + o, tl.sum(ksum, axis=0))

@@ -45,6 +45,7 @@ V_ROWS = 128
 V_SUB = 2
 V_WARPS = 8
 QK_WARPS = 4
+QK_SUB = 1  # 64-token blocks per program of the Q/K pass
 V_TRANS_STORE = True  # transpose the tile in the kernel so the V^T store is token-contiguous
 # GPU: round with the hardware cast (cvt.rn.satfinite.e4m3x2.f32 = RNE with saturation at 448,
 # the same values as round_to_e4m3; the GPU tests compare the codes with the torch twin bitwise).
@@ -79,20 +80,34 @@ def _quant_tokens_kernel(
     S, S_pad, H, HMU_GROUP,
     stride_xb, stride_xs, stride_xh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    HW_ROUND: tl.constexpr,
+    HW_ROUND: tl.constexpr, N_SUB: tl.constexpr,
 ):
-    """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
-    blk = tl.program_id(0)
+    """One program = N_SUB consecutive 64-token blocks of one (batch, head): center, absmax,
+    scale, round, store (each block its own scale)."""
+    pid = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    t = blk * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, HEAD_D)
+    mu = tl.zeros([HEAD_D], tl.float32)
+    if CENTER:
+        mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
+    for i in tl.static_range(N_SUB):
+        blk = pid * N_SUB + i
+        if blk * BLOCK < S_pad:
+            _quant_block(X, OUT8, SCALE, blk, bh, b, h, S, S_pad, stride_xb, stride_xs,
+                         stride_xh, d, mu, HEAD_D, BLOCK, CENTER, SCALE_RECIP, HW_ROUND)
+
+
+@triton.jit
+def _quant_block(X, OUT8, SCALE, blk, bh, b, h, S, S_pad, stride_xb, stride_xs, stride_xh, d, mu,
+                 HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr,
+                 SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
+    t = blk * BLOCK + tl.arange(0, BLOCK)
     ok = (t < S)[:, None]
     x = tl.load(X + b * stride_xb + h * stride_xh + t[:, None] * stride_xs + d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
     if CENTER:
-        mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
         x = tl.where(ok, x - mu[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     # The scale is computed exactly as the twin's torch ``amax / 448.0`` is on the same device:
@@ -209,15 +224,16 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
     v8t = torch.empty((B, Hkv, D, S_pad), dtype=f8, device=dev)
     q_scale = torch.empty((B, H, nb), dtype=torch.float32, device=dev)
     k_scale = torch.empty((B, Hkv, nb), dtype=torch.float32, device=dev)
-    _quant_tokens_kernel[(nb, B * H)](
+    n_prog = triton.cdiv(nb, QK_SUB)
+    _quant_tokens_kernel[(n_prog, B * H)](
         q, q, q8, q_scale, S, S_pad, H, 1, q.stride(0), q.stride(1), q.stride(2),
         HEAD_D=D, BLOCK=QK_BLOCK, CENTER=False, SCALE_RECIP=not interp, HW_ROUND=hw_round,
-        num_warps=QK_WARPS,
+        N_SUB=QK_SUB, num_warps=QK_WARPS,
     )
-    _quant_tokens_kernel[(nb, B * Hkv)](
+    _quant_tokens_kernel[(n_prog, B * Hkv)](
         k, mu_k, k8, k_scale, S, S_pad, Hkv, 1, k.stride(0), k.stride(1), k.stride(2),
         HEAD_D=D, BLOCK=QK_BLOCK, CENTER=smooth_k, SCALE_RECIP=not interp, HW_ROUND=hw_round,
-        num_warps=QK_WARPS,
+        N_SUB=QK_SUB, num_warps=QK_WARPS,
     )
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
     assert S_pad % (V_ROWS * V_SUB) == 0
