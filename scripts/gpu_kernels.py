@@ -105,7 +105,6 @@ FLUSH = [
 FINAL2 = [
     ("committed default (triton flush, 168 regs)", {}),
     ("fma 168 regs", {"flush": "fma"}),
-    ("fma no cap", {"flush": "fma", "maxnreg": None}),
 ]
 
 
@@ -131,9 +130,7 @@ def sweep(short=False, flush=False):
     if flush or short:
         base = dict(dispatch.TUNING)
         configs = list(FLUSH if flush else FINAL2)
-        if short:
-            configs.append(("full precision (triton flush, max_num_imprecise_acc=0)",
-                            {"flush": "triton", "max_imprecise": 0}))
+
     else:
         configs = list(FINAL if short else CONFIGS)
         cur = {k: v for k, v in dispatch.TUNING.items() if BASE.get(k) != v}
@@ -196,7 +193,7 @@ def prep_sweep(sets, short=False, flush=False):
     stats_cfgs = [(64, 4, 4), (64, 4, 8), (32, 8, 8), (32, 16, 8), (16, 16, 4), (32, 8, 4),
                   (128, 2, 8), (16, 32, 4)]
     if short:
-        stats_cfgs = [(16, 32, 4), (8, 64, 4), (8, 32, 4)]
+        stats_cfgs = [(16, 32, 4), (8, 64, 4)]
     if flush:  # after the full-chunk fast path (no row masks / selects outside the last chunk)
         stats_cfgs = [(16, 32, 4), (8, 64, 4), (8, 128, 4), (16, 64, 4), (4, 128, 4), (8, 32, 4),
                       (16, 16, 4), (8, 64, 8)]
@@ -235,8 +232,9 @@ def prep_sweep(sets, short=False, flush=False):
         quant_cfgs = [(*vdefault, False, 4), (*vdefault, True, 4), (*vdefault, True, 8),
                       (True, 64, 4, 8, True, 4), (True, 128, 4, 8, True, 4)]
     if short:  # explicit rounding, then the hardware cast with 1, 2, 4 Q/K blocks per program
-        quant_cfgs = [(*vdefault, False, 4, 1), (*vdefault, True, 4, 1), (*vdefault, True, 4, 2),
-                      (*vdefault, True, 8, 2), (*vdefault, True, 8, 4)]
+        quant_cfgs = [(*vdefault, False, 4, 1), (*vdefault, True, 4, 1),
+                      (2, 128, 2, 8, True, 4, 1), (0, 128, 2, 8, True, 4, 1),
+                      (2, 64, 4, 4, True, 4, 1), (2, 64, 2, 4, True, 4, 1)]
     quant_cfgs = [c if len(c) == 7 else (*c, hw_default, qz.QK_WARPS, qz.QK_SUB)[:7]
                   for c in quant_cfgs]
     qk_default = (qz.QK_WARPS, qz.QK_SUB)
@@ -263,22 +261,25 @@ def prep_sweep(sets, short=False, flush=False):
             n_code = sum(int((getattr(a, n).view(torch.uint8) != held[n].view(torch.uint8)).sum())
                          for n in names)
             n_val = sum(int((getattr(a, n).float() != held[n].float()).sum()) for n in names)
-            n_val += sum(int((getattr(a, n) != held[n]).sum())
-                         for n in ("q_scale", "k_scale", "v_corr"))
+            n_val += sum(int((getattr(a, n) != held[n]).sum()) for n in ("q_scale", "k_scale"))
+            # v_corr is an FP32 sum: another tile layout may add in another (fixed) order
+            n_val += int((~torch.isclose(a.v_corr, held["v_corr"], rtol=1e-6, atol=1e-7)).sum())
             rows[-1].update(codes_equal=same, code_mismatch=n_code, value_mismatch=n_val)
             log(f"{tag}: {ms[0]:.3f} {ms[1]:.3f} ms "
                 f"{gb / (min(ms) * 1e-3) / 1e12:.2f} TB/s; vs the first: {n_code} codes and "
                 f"{n_val} values differ")
             if n_val == 0 and (quant_best is None or min(ms) < quant_best[0]):
-                quant_best = (min(ms), (hw, qkw, qks))
+                quant_best = (min(ms), (trans, rws, sub, w, hw, qkw, qks))
         except Exception as exc:  # noqa: BLE001
             log(f"quant {trans} {rws} {sub} {w} {hw} FAILED {type(exc).__name__}: "
                 f"{str(exc)[:200]}")
     qz.V_TRANS_STORE, qz.V_ROWS, qz.V_SUB, qz.V_WARPS = vdefault
     qz.HW_ROUND, (qz.QK_WARPS, qz.QK_SUB) = hw_default, qk_default
     if short and quant_best:  # the final call benches the fastest value-exact quantizer
-        qz.HW_ROUND, qz.QK_WARPS, qz.QK_SUB = quant_best[1]
-        log(f"quantizer for the bench: HW_ROUND, QK_WARPS, QK_SUB = {quant_best[1]}")
+        (qz.V_TRANS_STORE, qz.V_ROWS, qz.V_SUB, qz.V_WARPS, qz.HW_ROUND, qz.QK_WARPS,
+         qz.QK_SUB) = quant_best[1]
+        log("quantizer for the bench: V_TRANS_STORE, V_ROWS, V_SUB, V_WARPS, HW_ROUND, "
+            f"QK_WARPS, QK_SUB = {quant_best[1]}")
         rows.append(dict(what="quant chosen", cfg=quant_best[1]))
     # per-kernel split of the quantization pass (default config)
     import triton
@@ -362,7 +363,8 @@ def main():
     from workbench.kernels import quantize as qz
 
     report["chosen_prep"] = {"stats": [ks.STATS_ROWS, ks.STATS_SUB, ks.STATS_WARPS],
-                             "quant": [qz.HW_ROUND, qz.QK_WARPS, qz.QK_SUB]}
+                             "quant": [qz.V_TRANS_STORE, qz.V_ROWS, qz.V_SUB, qz.V_WARPS,
+                                       qz.HW_ROUND, qz.QK_WARPS, qz.QK_SUB]}
     with open(os.path.join(OUT, "bench.json"), "w") as f:
         json.dump(report, f, indent=1)
     md = markdown(report)

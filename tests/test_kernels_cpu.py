@@ -119,6 +119,21 @@ def test_quantized_operands_equal_the_emulation(name):
         torch.testing.assert_close(eff_mean, v.float().mean(1), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", [0, 2])
+def test_v_transpose_modes_give_the_same_codes(mode, monkeypatch):
+    from workbench.kernels import quantize as qz
+
+    q, k, v = biased_qkv(B=1, S=300, H=2)
+    st = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    args = (q, k, v, st.mu_k, st.mu_v, st.v_amax)
+    kw = dict(smooth_k=True, smooth_v=True, v_bias_correction=True)
+    a = quantize_qkv(*args, **kw)
+    monkeypatch.setattr(qz, "V_TRANS_STORE", mode)
+    b = quantize_qkv(*args, **kw)
+    assert torch.equal(a.v8t.view(torch.uint8), b.v8t.view(torch.uint8))
+    torch.testing.assert_close(a.v_corr, b.v_corr, rtol=1e-6, atol=1e-7)  # sum order may differ
+
+
 @pytest.mark.parametrize("sub", [2, 4])
 def test_quantizer_blocks_per_program_do_not_change_codes(sub, monkeypatch):
     from workbench.kernels import quantize as qz

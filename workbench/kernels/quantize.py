@@ -46,7 +46,10 @@ V_SUB = 2
 V_WARPS = 8
 QK_WARPS = 4
 QK_SUB = 1  # 64-token blocks per program of the Q/K pass
-V_TRANS_STORE = True  # transpose the tile in the kernel so the V^T store is token-contiguous
+# V^T store: 0 = store the [ROWS, D] tile through transposed pointers, 1 = transpose the FP8
+# codes in the kernel first (token-contiguous runs per thread), 2 = transpose the loaded 16-bit
+# tile and quantize in the store's [D, ROWS] layout
+V_TRANS_STORE = 1
 # GPU: round with the hardware cast (cvt.rn.satfinite.e4m3x2.f32 = RNE with saturation at 448,
 # the same values as round_to_e4m3; the GPU tests compare the codes with the torch twin bitwise).
 # The interpreter always rounds explicitly (its cast mis-rounds, DESIGN.md section 5).
@@ -149,6 +152,10 @@ def _quant_v_kernel(
     mu = tl.zeros([HEAD_D], tl.float32)
     if CENTER:
         mu = tl.load(MU + bh * HEAD_D + d)
+    if TRANS_STORE == 2:
+        _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_vb,
+                            stride_vs, stride_vh, d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND)
+        return
     qsum = tl.zeros([ROWS, HEAD_D], tl.float32)
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
@@ -166,11 +173,36 @@ def _quant_v_kernel(
             q8 = q.to(tl.float8e4nv)
         # transposed store: [D, ROWS] with tokens contiguous. TRANS_STORE transposes the tile
         # first (through shared memory) so each thread writes runs of consecutive tokens.
-        if TRANS_STORE:
+        if TRANS_STORE == 1:
             tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], tl.trans(q8))
         else:
             tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q8)
     tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
+
+
+@triton.jit
+def _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_vb, stride_vs,
+                        stride_vh, d, mu, s, HEAD_D: tl.constexpr, ROWS: tl.constexpr,
+                        N_SUB: tl.constexpr, HW_ROUND: tl.constexpr):
+    """TRANS_STORE = 2: transpose the loaded 16-bit tile (2-byte granules through shared memory
+    instead of the 1-byte FP8 codes) and quantize in the [D, ROWS] layout of the store."""
+    qsum = tl.zeros([HEAD_D, ROWS], tl.float32)
+    for i in tl.static_range(N_SUB):
+        t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
+        ok = (t < S)[None, :]
+        xr = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
+                     mask=(t < S)[:, None], other=0.0)
+        x = tl.where(ok, tl.trans(xr).to(tl.float32) - mu[:, None], 0.0)
+        y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
+        if HW_ROUND:
+            q8 = y.to(tl.float8e4nv)
+            qsum += q8.to(tl.float32)
+        else:
+            q = round_to_e4m3(y)
+            qsum += q
+            q8 = q.to(tl.float8e4nv)
+        tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], q8)
+    tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=1))
 
 
 @triton.jit
@@ -242,7 +274,7 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
     _quant_v_kernel[(n_chunks, B * Hkv)](
         v, mu_v, v_scale, v8t, psum, S, S_pad, Hkv, n_chunks,
         v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, TRANS_STORE=V_TRANS_STORE,
+        HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, TRANS_STORE=int(V_TRANS_STORE),
         HW_ROUND=hw_round, num_warps=V_WARPS,
     )
     v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=dev)
