@@ -119,8 +119,8 @@ def test_quantized_operands_equal_the_emulation(name):
         torch.testing.assert_close(eff_mean, v.float().mean(1), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", [0, 2])
-def test_v_transpose_modes_give_the_same_codes(mode, monkeypatch):
+@pytest.mark.parametrize("mode,vec", [(0, False), (2, False), (1, True), (2, True)])
+def test_v_transpose_modes_give_the_same_codes(mode, vec, monkeypatch):
     from workbench.kernels import quantize as qz
 
     q, k, v = biased_qkv(B=1, S=300, H=2)
@@ -129,6 +129,7 @@ def test_v_transpose_modes_give_the_same_codes(mode, monkeypatch):
     kw = dict(smooth_k=True, smooth_v=True, v_bias_correction=True)
     a = quantize_qkv(*args, **kw)
     monkeypatch.setattr(qz, "V_TRANS_STORE", mode)
+    monkeypatch.setattr(qz, "V_QSUM_VEC", vec)
     b = quantize_qkv(*args, **kw)
     assert torch.equal(a.v8t.view(torch.uint8), b.v8t.view(torch.uint8))
     torch.testing.assert_close(a.v_corr, b.v_corr, rtol=1e-6, atol=1e-7)  # sum order may differ

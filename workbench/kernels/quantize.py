@@ -39,12 +39,15 @@ from .e4m3 import interpreting, round_to_e4m3
 
 SEQ_PAD = 256
 QK_BLOCK = 64  # tokens per Q/K scale (the recipe's qk_block)
-# V pass: 256 tokens per program as two 128-token tiles, 8 warps (H200 sweep, 2026-11-30:
-# 3.18 ms for the whole Q/K/V pass with 64x4 tiles and 4 warps, 1.86 ms with this)
-V_ROWS = 128
-V_SUB = 2
+# V pass: 256 tokens per program as 8 tiles of 32 tokens, 8 warps, the partial sum kept as a [D]
+# vector. H200 sweeps, 2026-11-30: 3.18 ms for the whole Q/K/V pass with 64x4 tiles, 1.86 ms with
+# 128x2 tiles (which ptxas compiles to 255 registers + 1 KB of spills: one program per SM);
+# 32 x 8 compiles to 128 registers, no spills (scripts/gpu_kernels.py picks among these).
+V_ROWS = 32
+V_SUB = 8
 V_WARPS = 8
 QK_WARPS = 4
+V_QSUM_VEC = True
 QK_SUB = 1  # 64-token blocks per program of the Q/K pass
 # V^T store: 0 = store the [ROWS, D] tile through transposed pointers, 1 = transpose the FP8
 # codes in the kernel first (token-contiguous runs per thread), 2 = transpose the loaded 16-bit
@@ -53,7 +56,7 @@ V_TRANS_STORE = 1
 # GPU: round with the hardware cast (cvt.rn.satfinite.e4m3x2.f32 = RNE with saturation at 448,
 # the same values as round_to_e4m3; the GPU tests compare the codes with the torch twin bitwise).
 # The interpreter always rounds explicitly (its cast mis-rounds, DESIGN.md section 5).
-HW_ROUND = False
+HW_ROUND = True
 # fl32(1/448) = what torch's CUDA `amax / 448.0` multiplies by (see _quant_tokens_kernel)
 INV_448: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(448.0)))
 CORR_CHUNKS = 8
@@ -139,7 +142,7 @@ def _quant_v_kernel(
     S, S_pad, HKV, n_chunks,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, CENTER: tl.constexpr,
-    TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr,
+    TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr, QSUM_VEC: tl.constexpr,
 ):
     """One program = one (batch, head, 256-token chunk): center, round with channel scales, store
     transposed, and keep the per-channel sum of the quantized values for the correction."""
@@ -154,9 +157,13 @@ def _quant_v_kernel(
         mu = tl.load(MU + bh * HEAD_D + d)
     if TRANS_STORE == 2:
         _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_vb,
-                            stride_vs, stride_vh, d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND)
+                            stride_vs, stride_vh, d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND,
+                            QSUM_VEC)
         return
+    # QSUM_VEC: reduce each sub-tile to a [D] vector at once instead of keeping a [ROWS, D]
+    # FP32 accumulator (64 registers per thread at 128 x 128 on 8 warps, which caps occupancy)
     qsum = tl.zeros([ROWS, HEAD_D], tl.float32)
+    qsum_v = tl.zeros([HEAD_D], tl.float32)
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
         ok = (t < S)[:, None]
@@ -166,27 +173,34 @@ def _quant_v_kernel(
         y = tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape))
         if HW_ROUND:
             q8 = y.to(tl.float8e4nv)
-            qsum += q8.to(tl.float32)
+            q = q8.to(tl.float32)
         else:
             q = round_to_e4m3(y)
-            qsum += q
             q8 = q.to(tl.float8e4nv)
+        if QSUM_VEC:
+            qsum_v += tl.sum(q, axis=0)
+        else:
+            qsum += q
         # transposed store: [D, ROWS] with tokens contiguous. TRANS_STORE transposes the tile
         # first (through shared memory) so each thread writes runs of consecutive tokens.
         if TRANS_STORE == 1:
             tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], tl.trans(q8))
         else:
             tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q8)
-    tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
+    if QSUM_VEC:
+        tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, qsum_v)
+    else:
+        tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
 
 
 @triton.jit
 def _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_vb, stride_vs,
                         stride_vh, d, mu, s, HEAD_D: tl.constexpr, ROWS: tl.constexpr,
-                        N_SUB: tl.constexpr, HW_ROUND: tl.constexpr):
+                        N_SUB: tl.constexpr, HW_ROUND: tl.constexpr, QSUM_VEC: tl.constexpr):
     """TRANS_STORE = 2: transpose the loaded 16-bit tile (2-byte granules through shared memory
     instead of the 1-byte FP8 codes) and quantize in the [D, ROWS] layout of the store."""
     qsum = tl.zeros([HEAD_D, ROWS], tl.float32)
+    qsum_v = tl.zeros([HEAD_D], tl.float32)
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
         ok = (t < S)[None, :]
@@ -196,13 +210,19 @@ def _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_
         y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
         if HW_ROUND:
             q8 = y.to(tl.float8e4nv)
-            qsum += q8.to(tl.float32)
+            q = q8.to(tl.float32)
         else:
             q = round_to_e4m3(y)
-            qsum += q
             q8 = q.to(tl.float8e4nv)
+        if QSUM_VEC:
+            qsum_v += tl.sum(q, axis=1)
+        else:
+            qsum += q
         tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], q8)
-    tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=1))
+    if QSUM_VEC:
+        tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, qsum_v)
+    else:
+        tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=1))
 
 
 @triton.jit
@@ -275,7 +295,7 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
         v, mu_v, v_scale, v8t, psum, S, S_pad, Hkv, n_chunks,
         v.stride(0), v.stride(1), v.stride(2),
         HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, TRANS_STORE=int(V_TRANS_STORE),
-        HW_ROUND=hw_round, num_warps=V_WARPS,
+        HW_ROUND=hw_round, QSUM_VEC=V_QSUM_VEC, num_warps=V_WARPS,
     )
     v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=dev)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)
