@@ -255,6 +255,8 @@ def test_flush_and_pipelined_variants_equal_the_plain_loop(S):
         assert torch.equal(a, b) and torch.equal(la, lb), extra
     with pytest.raises(ValueError, match="flush"):
         dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", flush="fast")
+    with pytest.raises(ValueError, match="max_imprecise=32"):
+        dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", flush="fma", max_imprecise=32)
 
 
 def test_dispatch_support_rules():

@@ -9,11 +9,12 @@ fp8_dense* recipes. Differences that are by design (compare error statistics, no
 
 Numerics:
 - scores s = (q8 . k8) * (s_q * softmax_scale * log2 e) * s_k, exp2 with the scale folded in;
-- accumulation: both FP8 ``tl.dot`` calls pass ``max_num_imprecise_acc`` = max_imprecise (default
-  128 = one key tile, = head dim): Hopper's FP8 wgmma accumulator keeps fewer than 23 mantissa bits,
-  and Triton then adds the partial product into the true FP32 accumulator every 128 reduction
-  elements (a flush per tile, as SageAttention / FA3 do). 0 (flush every 32-wide MMA step) is the
-  full-precision choice; the benchmark script measures both.
+- accumulation: every FP8 product chain reaches the FP32 accumulator after at most 128 terms
+  (Hopper's FP8 wgmma accumulator keeps fewer than 23 mantissa bits). flush="fma" (default): Q K^T
+  is one head-dim-long chain from zero, and each tile's P @ V lands in a fresh accumulator that is
+  added with acc * alpha + pv. flush="triton": ``max_num_imprecise_acc`` = max_imprecise on both
+  dots (128 = the same flush per tile; 0 = after every 32-wide MMA step, 4-6x slower), which makes
+  ptxas serialize every wgmma of the kernel (C7514, see scripts/sass_stats.py); 2-4% slower.
 - P rounding: ``ROUND_P`` = True rounds P onto the E4M3 grid with explicit bit arithmetic before the
   cast (``e4m3.round_unit_to_e4m3``), the one form that is right in the interpreter; on the GPU the
   hardware cast (cvt.rn.satfinite) rounds the same way and ``ROUND_P`` = False skips the extra ALU
@@ -373,6 +374,9 @@ def fp8_attention_fwd(
     if flush not in ("triton", "fma"):
         raise ValueError(f"flush must be 'triton' or 'fma', got {flush!r}")
     pv_fma = flush == "fma"
+    if pv_fma and max(D, block_n) > max_imprecise:
+        raise ValueError(f"flush='fma' flushes after head_dim={D} / block_n={block_n} FP8 terms, "
+                         f"more than max_imprecise={max_imprecise}; use flush='triton'")
     if lazy_tau > 8:
         raise ValueError("lazy_tau > 8 lets P exceed 256 (E4M3 saturates at 448)")
     if out is None:
