@@ -119,8 +119,10 @@ def test_quantized_operands_equal_the_emulation(name):
         torch.testing.assert_close(eff_mean, v.float().mean(1), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode,vec", [(0, False), (2, False), (1, True), (2, True)])
-def test_v_transpose_modes_give_the_same_codes(mode, vec, monkeypatch):
+@pytest.mark.parametrize("mode,vec,rows,sub", [(0, False, 128, 2), (2, False, 128, 2),
+                                               (1, True, 128, 2), (2, True, 32, 8),
+                                               (1, False, 64, 1), (2, False, 128, 1)])
+def test_v_transpose_modes_give_the_same_codes(mode, vec, rows, sub, monkeypatch):
     from workbench.kernels import quantize as qz
 
     q, k, v = biased_qkv(B=1, S=300, H=2)
@@ -130,6 +132,8 @@ def test_v_transpose_modes_give_the_same_codes(mode, vec, monkeypatch):
     a = quantize_qkv(*args, **kw)
     monkeypatch.setattr(qz, "V_TRANS_STORE", mode)
     monkeypatch.setattr(qz, "V_QSUM_VEC", vec)
+    monkeypatch.setattr(qz, "V_ROWS", rows)
+    monkeypatch.setattr(qz, "V_SUB", sub)
     b = quantize_qkv(*args, **kw)
     assert torch.equal(a.v8t.view(torch.uint8), b.v8t.view(torch.uint8))
     torch.testing.assert_close(a.v_corr, b.v_corr, rtol=1e-6, atol=1e-7)  # sum order may differ
