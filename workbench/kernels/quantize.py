@@ -39,21 +39,21 @@ from .e4m3 import interpreting, round_to_e4m3
 
 SEQ_PAD = 256
 QK_BLOCK = 64  # tokens per Q/K scale (the recipe's qk_block)
-# V pass: 256 tokens per program as two 128-token tiles, 8 warps. H200 sweeps, 2026-11-30: 3.18 ms
-# for the whole Q/K/V pass with 64x4 tiles, 1.86 ms with 128x2, 1.26 ms with 128x2 and the
-# hardware E4M3 cast. ptxas gives 128x2 255 registers + 1 KB of spills (one program per SM), yet
-# every spill-free variant measured slower (32x8 / 16x16 / 64x4 with [D] partial sums: 1.48-1.76
-# ms), so the spilling one stays.
-V_ROWS = 128
-V_SUB = 2
-V_WARPS = 8
+# V pass: one 64-token tile per program, 4 warps, transposed as the 16-bit tile (mode 2). H200
+# sweeps, 2026-11-30, whole Q/K/V pass at (1, 32626, 56, 128): 3.18 ms with 64x4 tiles, 1.86 ms
+# with 128x2, 1.26 ms with 128x2 and the hardware E4M3 cast, 1.06 ms with this
+# (scripts/gpu_vpass_h3.py). More sub-tiles per program measured slower every time (ptxas spills
+# the unrolled 128x2 program: 255 registers + 1 KB; this one uses 89 registers, no spills).
+V_ROWS = 64
+V_SUB = 1
+V_WARPS = 4
 QK_WARPS = 4
 V_QSUM_VEC = False  # True: [D] partial sums per sub-tile (fewer registers; slower at 128x2)
 QK_SUB = 1  # 64-token blocks per program of the Q/K pass
 # V^T store: 0 = store the [ROWS, D] tile through transposed pointers, 1 = transpose the FP8
 # codes in the kernel first (token-contiguous runs per thread), 2 = transpose the loaded 16-bit
 # tile and quantize in the store's [D, ROWS] layout
-V_TRANS_STORE = 1
+V_TRANS_STORE = 2
 # GPU: round with the hardware cast (cvt.rn.satfinite.e4m3x2.f32 = RNE with saturation at 448).
 # H200 2026-11-30: the same VALUES as round_to_e4m3 for all 700M Q/K/V codes at the H3 shape; only
 # the sign of some zeros differs (2,783 codes: -0 vs +0, which dequantize alike), and the quant
