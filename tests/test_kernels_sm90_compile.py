@@ -1,0 +1,35 @@
+"""The default attention kernel compiles for sm_90 without wgmma serialization (no GPU needed).
+
+scripts/sass_stats.py compiles the kernel with triton's bundled ptxas for sm_90a and reports
+ptxas's notes and the SASS instruction mix. With triton's max_num_imprecise_acc bound on the FP8
+dots, ptxas 13 serializes every wgmma of the kernel (C7514); the default flush="fma" does not.
+A kernel edit that brings the serialization back (for example a non-wgmma read of a wgmma
+accumulator inside the pipeline) fails here, on the CPU, before any device time is spent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+triton = pytest.importorskip("triton")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
+def test_default_attention_kernel_is_not_wgmma_serialized():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # compile, not emulate
+    p = subprocess.run([sys.executable, "scripts/sass_stats.py", "{}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    stats = json.loads(p.stdout.strip().splitlines()[-1].split("} ", 1)[1])
+    assert "SERIALIZED" not in stats["ptxas"], stats["ptxas"]
+    # main loop + peeled tile, two dots each, 4 QGMMA (k = 32) per 128-long chain
+    assert stats["QGMMA"] == 16, stats
+    assert stats["regs"] <= 168, stats  # 3 programs per SM (dispatch.TUNING's register cap)
+    assert stats["MUFU.EX2"] >= 128, stats
