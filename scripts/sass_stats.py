@@ -4,7 +4,7 @@ made of it: registers, shared memory, spills and the instruction mix of the SASS
     python scripts/sass_stats.py '{"pv_fma": true, "exp_f16": true}' [...]
 
 Each argument is a JSON object of overrides of dispatch.TUNING's kernel constants (block_m, block_n,
-num_warps, num_stages, maxnreg, use_tma, lazy_tau, pipe_qk, max_imprecise). Used to check
+num_warps, num_stages, maxnreg, use_tma, lazy_tau, flush, max_imprecise). Used to check
 a kernel change (spills, MUFU / FP32 op counts) before spending GPU time on it.
 """
 
@@ -47,7 +47,7 @@ def compile_sm90(cfg: dict):
                IMP_PV=cfg.get("imp_pv", min(imp, bn)), PV_FMA=cfg.get("flush") == "fma",
                WRITE_LSE=False, OUT_F32=False,
                USE_TMA=tma, LAZY_TAU=float(cfg["lazy_tau"]), WARP_SPEC=False,
-               PIPE_QK=bool(cfg.get("pipe_qk")), INTERPRET=False)
+               INTERPRET=False)
     if not tma:
         cst.update(qd=None, kd=None, vd=None)
     src = ASTSource(fn=KERNEL, signature=sig,

@@ -54,22 +54,6 @@ def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
 
 
 @triton.jit
-def _load_k(K8, kd, kbase, n0, offs_n, d, HEAD_D: tl.constexpr, USE_TMA: tl.constexpr):
-    if USE_TMA != 0:
-        return kd.load([kbase + n0, 0])
-    else:
-        return tl.load(K8 + (kbase + n0 + offs_n)[:, None] * HEAD_D + d[None, :])
-
-
-@triton.jit
-def _load_v(V8T, vd, vbase, n0, S_pad, offs_n, d, USE_TMA: tl.constexpr):
-    if USE_TMA != 0:
-        return tl.trans(vd.load([vbase, n0]))
-    else:
-        return tl.load(V8T + (vbase + d)[None, :] * S_pad + (n0 + offs_n)[:, None])
-
-
-@triton.jit
 def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
@@ -78,24 +62,6 @@ def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
     raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
     return _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n, BLOCK_N,
                        SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA)
-
-
-@triton.jit
-def _pipe_step(acc, l_i, m_i, raw, q, qs, K8, V8T, kd, vd, SK, kbase, vbase, skbase, j, S,
-               S_pad, offs_n, d, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr,
-               SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
-               IMP_PV: tl.constexpr, LAZY_TAU: tl.constexpr, USE_TMA: tl.constexpr,
-               PV_FMA: tl.constexpr):
-    """Software-pipelined step j (FA3's intra-warpgroup overlap): issue the scores of key tile j,
-    then run tile j-1's softmax and P @ V while that wgmma runs. The new scores are only
-    yielded, so triton can leave the wgmma in flight until the next step reads them."""
-    raw_next = _dot_fp8(q, tl.trans(_load_k(K8, kd, kbase, j * BLOCK_N, offs_n, d, HEAD_D,
-                                            USE_TMA)), None, IMP_QK)
-    v = _load_v(V8T, vd, vbase, (j - 1) * BLOCK_N, S_pad, offs_n, d, USE_TMA)
-    acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, (j - 1) * BLOCK_N, S,
-                                offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P, IMP_PV, LAZY_TAU,
-                                PV_FMA)
-    return acc, l_i, m_i, raw_next
 
 
 @triton.jit
@@ -191,8 +157,8 @@ def _fp8_attn_fwd_kernel(
     SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
     IMP_PV: tl.constexpr,
     WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
-    LAZY_TAU: tl.constexpr, WARP_SPEC: tl.constexpr, PIPE_QK: tl.constexpr,
-    PV_FMA: tl.constexpr, INTERPRET: tl.constexpr,
+    LAZY_TAU: tl.constexpr, WARP_SPEC: tl.constexpr, PV_FMA: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -230,29 +196,7 @@ def _fp8_attn_fwd_kernel(
     # triton 3.6's interpreter with numpy >= 2.4 fails on `for` loops with a run-time bound, so the
     # interpreter runs the same tile function in a `while` loop; compiled code keeps the `for`
     # (software-pipelined by num_stages, optionally warp-specialized).
-    if PIPE_QK:
-        if n_full > 0:
-            raw = _dot_fp8(q, tl.trans(_load_k(K8, kd, kbase, 0, offs_n, d, HEAD_D, USE_TMA)),
-                           None, IMP_QK)
-            if INTERPRET:
-                j = 1
-                while j < n_full:
-                    acc, l_i, m_i, raw = _pipe_step(
-                        acc, l_i, m_i, raw, q, qs, K8, V8T, kd, vd, SK, kbase, vbase, skbase, j,
-                        S, S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK,
-                        IMP_PV, LAZY_TAU, USE_TMA, PV_FMA)
-                    j += 1
-            else:
-                for j in tl.range(1, n_full):
-                    acc, l_i, m_i, raw = _pipe_step(
-                        acc, l_i, m_i, raw, q, qs, K8, V8T, kd, vd, SK, kbase, vbase, skbase, j,
-                        S, S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK,
-                        IMP_PV, LAZY_TAU, USE_TMA, PV_FMA)
-            v = _load_v(V8T, vd, vbase, (n_full - 1) * BLOCK_N, S_pad, offs_n, d, USE_TMA)
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase,
-                                        (n_full - 1) * BLOCK_N, S, offs_n, BLOCK_N, SCALE_BLOCK,
-                                        False, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA)
-    elif INTERPRET:
+    if INTERPRET:
         j = 0
         while j < n_full:
             k, v = _load_kv(K8, V8T, kd, vd, kbase, vbase, j * BLOCK_N, S_pad, offs_n, d,
@@ -339,7 +283,6 @@ def fp8_attention_fwd(
     lazy_tau: float = 0.0,
     warp_specialize: bool = False,
     maxnreg: int | None = None,
-    pipe_qk: bool = False,
     flush: str = "triton",
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
@@ -351,7 +294,6 @@ def fp8_attention_fwd(
     (exp2 already compiles to ex2.approx.ftz.f32, one MUFU op.) warp_specialize: triton's automatic
     warp specialization
     of the key loop (experimental on Hopper in triton 3.6; needs device descriptors).
-    pipe_qk: issue tile j's Q K^T before tile j-1's softmax (software pipelining by hand).
     flush: how each tile's FP8 products reach the FP32 accumulator (both flush once per tile of
     <= 128 reduction elements, so both have the same precision): "triton" = max_num_imprecise_acc
     (max_imprecise) on both dots; "fma" = Q K^T as one unbounded chain (it starts from zero) and
@@ -403,7 +345,7 @@ def fp8_attention_fwd(
         HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, SCALE_BLOCK=64, ROUND_P=round_p,
         IMP_QK=-1 if pv_fma else min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n),
         WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=tma, LAZY_TAU=float(lazy_tau),
-        WARP_SPEC=bool(warp_specialize), PIPE_QK=bool(pipe_qk), PV_FMA=pv_fma,
+        WARP_SPEC=bool(warp_specialize), PV_FMA=pv_fma,
         INTERPRET=interp, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out, lse

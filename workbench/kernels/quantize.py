@@ -48,8 +48,6 @@ V_ROWS = 64
 V_SUB = 1
 V_WARPS = 4
 QK_WARPS = 4
-V_QSUM_VEC = False  # True: [D] partial sums per sub-tile (fewer registers; slower at 128x2)
-QK_SUB = 1  # 64-token blocks per program of the Q/K pass
 # V^T store: 0 = store the [ROWS, D] tile through transposed pointers, 1 = transpose the FP8
 # codes in the kernel first (token-contiguous runs per thread), 2 = transpose the loaded 16-bit
 # tile and quantize in the store's [D, ROWS] layout
@@ -88,34 +86,20 @@ def _quant_tokens_kernel(
     S, S_pad, H, HMU_GROUP,
     stride_xb, stride_xs, stride_xh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    HW_ROUND: tl.constexpr, N_SUB: tl.constexpr,
+    HW_ROUND: tl.constexpr,
 ):
-    """One program = N_SUB consecutive 64-token blocks of one (batch, head): center, absmax,
-    scale, round, store (each block its own scale)."""
-    pid = tl.program_id(0)
+    """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
+    blk = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    d = tl.arange(0, HEAD_D)
-    mu = tl.zeros([HEAD_D], tl.float32)
-    if CENTER:
-        mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
-    for i in tl.static_range(N_SUB):
-        blk = pid * N_SUB + i
-        if blk * BLOCK < S_pad:
-            _quant_block(X, OUT8, SCALE, blk, bh, b, h, S, S_pad, stride_xb, stride_xs,
-                         stride_xh, d, mu, HEAD_D, BLOCK, CENTER, SCALE_RECIP, HW_ROUND)
-
-
-@triton.jit
-def _quant_block(X, OUT8, SCALE, blk, bh, b, h, S, S_pad, stride_xb, stride_xs, stride_xh, d, mu,
-                 HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr,
-                 SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
     t = blk * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_D)
     ok = (t < S)[:, None]
     x = tl.load(X + b * stride_xb + h * stride_xh + t[:, None] * stride_xs + d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
     if CENTER:
+        mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
         x = tl.where(ok, x - mu[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     # The scale is computed exactly as the twin's torch ``amax / 448.0`` is on the same device:
@@ -129,13 +113,21 @@ def _quant_block(X, OUT8, SCALE, blk, bh, b, h, S, S_pad, stride_xb, stride_xs, 
     else:
         scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)),
                          1.0)
-    y = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
-    if HW_ROUND:  # cvt.rn.satfinite: the same RNE + saturation as round_to_e4m3 (GPU only)
-        q8 = y.to(tl.float8e4nv)
-    else:
-        q8 = round_to_e4m3(y).to(tl.float8e4nv)
+    _, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(scale, x.shape)), HW_ROUND)
     tl.store(OUT8 + (bh * S_pad + t[:, None]) * HEAD_D + d[None, :], q8)
     tl.store(SCALE + bh * (S_pad // BLOCK) + blk, scale)
+
+
+@triton.jit
+def _to_e4m3(y, HW_ROUND: tl.constexpr):
+    """float32 -> (float32 on the E4M3 grid, float8e4nv codes). HW_ROUND: the hardware cast
+    (cvt.rn.satfinite: RNE with saturation, GPU only); else explicit rounding, then the cast."""
+    if HW_ROUND:
+        q8 = y.to(tl.float8e4nv)
+        return q8.to(tl.float32), q8
+    else:
+        q = round_to_e4m3(y)
+        return q, q.to(tl.float8e4nv)
 
 
 @triton.jit
@@ -144,7 +136,7 @@ def _quant_v_kernel(
     S, S_pad, HKV, n_chunks,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, CENTER: tl.constexpr,
-    TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr, QSUM_VEC: tl.constexpr,
+    TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr,
 ):
     """One program = one (batch, head, 256-token chunk): center, round with channel scales, store
     transposed, and keep the per-channel sum of the quantized values for the correction."""
@@ -159,72 +151,43 @@ def _quant_v_kernel(
         mu = tl.load(MU + bh * HEAD_D + d)
     if TRANS_STORE == 2:
         _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_vb,
-                            stride_vs, stride_vh, d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND,
-                            QSUM_VEC)
+                            stride_vs, stride_vh, d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND)
         return
-    # QSUM_VEC: reduce each sub-tile to a [D] vector at once instead of keeping a [ROWS, D]
-    # FP32 accumulator (64 registers per thread at 128 x 128 on 8 warps, which caps occupancy)
     qsum = tl.zeros([ROWS, HEAD_D], tl.float32)
-    qsum_v = tl.zeros([HEAD_D], tl.float32)
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
         ok = (t < S)[:, None]
         x = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
                     mask=ok, other=0.0).to(tl.float32)
         x = tl.where(ok, x - mu[None, :], 0.0)
-        y = tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape))
-        if HW_ROUND:
-            q8 = y.to(tl.float8e4nv)
-            q = q8.to(tl.float32)
-        else:
-            q = round_to_e4m3(y)
-            q8 = q.to(tl.float8e4nv)
-        if QSUM_VEC:
-            qsum_v += tl.sum(q, axis=0)
-        else:
-            qsum += q
+        q, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape)), HW_ROUND)
+        qsum += q
         # transposed store: [D, ROWS] with tokens contiguous. TRANS_STORE transposes the tile
         # first (through shared memory) so each thread writes runs of consecutive tokens.
         if TRANS_STORE == 1:
             tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], tl.trans(q8))
         else:
             tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q8)
-    if QSUM_VEC:
-        tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, qsum_v)
-    else:
-        tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
+    tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
 
 
 @triton.jit
 def _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_vb, stride_vs,
                         stride_vh, d, mu, s, HEAD_D: tl.constexpr, ROWS: tl.constexpr,
-                        N_SUB: tl.constexpr, HW_ROUND: tl.constexpr, QSUM_VEC: tl.constexpr):
+                        N_SUB: tl.constexpr, HW_ROUND: tl.constexpr):
     """TRANS_STORE = 2: transpose the loaded 16-bit tile (2-byte granules through shared memory
     instead of the 1-byte FP8 codes) and quantize in the [D, ROWS] layout of the store."""
     qsum = tl.zeros([HEAD_D, ROWS], tl.float32)
-    qsum_v = tl.zeros([HEAD_D], tl.float32)
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
         ok = (t < S)[None, :]
         xr = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
                      mask=(t < S)[:, None], other=0.0)
         x = tl.where(ok, tl.trans(xr).to(tl.float32) - mu[:, None], 0.0)
-        y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
-        if HW_ROUND:
-            q8 = y.to(tl.float8e4nv)
-            q = q8.to(tl.float32)
-        else:
-            q = round_to_e4m3(y)
-            q8 = q.to(tl.float8e4nv)
-        if QSUM_VEC:
-            qsum_v += tl.sum(q, axis=1)
-        else:
-            qsum += q
+        q, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)), HW_ROUND)
+        qsum += q
         tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], q8)
-    if QSUM_VEC:
-        tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, qsum_v)
-    else:
-        tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=1))
+    tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=1))
 
 
 @triton.jit
@@ -278,16 +241,15 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
     v8t = torch.empty((B, Hkv, D, S_pad), dtype=f8, device=dev)
     q_scale = torch.empty((B, H, nb), dtype=torch.float32, device=dev)
     k_scale = torch.empty((B, Hkv, nb), dtype=torch.float32, device=dev)
-    n_prog = triton.cdiv(nb, QK_SUB)
-    _quant_tokens_kernel[(n_prog, B * H)](
+    _quant_tokens_kernel[(nb, B * H)](
         q, q, q8, q_scale, S, S_pad, H, 1, q.stride(0), q.stride(1), q.stride(2),
         HEAD_D=D, BLOCK=QK_BLOCK, CENTER=False, SCALE_RECIP=not interp, HW_ROUND=hw_round,
-        N_SUB=QK_SUB, num_warps=QK_WARPS,
+        num_warps=QK_WARPS,
     )
-    _quant_tokens_kernel[(n_prog, B * Hkv)](
+    _quant_tokens_kernel[(nb, B * Hkv)](
         k, mu_k, k8, k_scale, S, S_pad, Hkv, 1, k.stride(0), k.stride(1), k.stride(2),
         HEAD_D=D, BLOCK=QK_BLOCK, CENTER=smooth_k, SCALE_RECIP=not interp, HW_ROUND=hw_round,
-        N_SUB=QK_SUB, num_warps=QK_WARPS,
+        num_warps=QK_WARPS,
     )
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
     assert S_pad % (V_ROWS * V_SUB) == 0
@@ -297,7 +259,7 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
         v, mu_v, v_scale, v8t, psum, S, S_pad, Hkv, n_chunks,
         v.stride(0), v.stride(1), v.stride(2),
         HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, TRANS_STORE=int(V_TRANS_STORE),
-        HW_ROUND=hw_round, QSUM_VEC=V_QSUM_VEC, num_warps=V_WARPS,
+        HW_ROUND=hw_round, num_warps=V_WARPS,
     )
     v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=dev)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)
