@@ -47,6 +47,7 @@ def compile_sm90(cfg: dict):
                IMP_PV=cfg.get("imp_pv", min(imp, bn)), PV_FMA=cfg.get("flush") == "fma",
                WRITE_LSE=False, OUT_F32=False,
                USE_TMA=tma, LAZY_TAU=float(cfg["lazy_tau"]), WARP_SPEC=False,
+               SK_FOLD=bool(cfg.get("sk_fold", False)),
                INTERPRET=False)
     if not tma:
         cst.update(qd=None, kd=None, vd=None)
@@ -93,9 +94,36 @@ def sass_counts(kernel, tag: str, out_dir: str = "/tmp/sass") -> dict:
     res = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res, re.S)
     counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass)) for op in OPS}
+    counts["main_loop"] = main_loop_counts(sass)
     regs, shared, local = (int(x) for x in m.groups()) if m else (None, None, None)
     return {"regs": regs, "shared_static": shared, "local": local,
             "shared": kernel.metadata.shared, **counts}
+
+
+def main_loop_counts(sass: str) -> dict:
+    """Instruction counts of the key-tile main loop: the smallest backward branch range that
+    holds the 8 QGMMAs of one tile (4 for Q K^T, 4 for P @ V). Returns {"loop": total, op: n}."""
+    addr, ops = [], []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            addr.append(int(m.group(1), 16))
+            ops.append(re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2).strip()))
+    best = None
+    for a, ins in zip(addr, ops):
+        m = re.match(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", ins)
+        if not m or int(m.group(1), 16) >= a:
+            continue
+        t = int(m.group(1), 16)
+        body = [o for x, o in zip(addr, ops) if t <= x <= a]
+        one_tile = sum(o.startswith("QGMMA") for o in body) == 8
+        if one_tile and (best is None or len(body) < len(best)):
+            best = body
+    counts = {}
+    for o in best or []:
+        op = o.split()[0].split(".")[0]
+        counts[op] = counts.get(op, 0) + 1
+    return {"loop": len(best or []), **dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
 
 
 def main(argv):

@@ -273,3 +273,41 @@ def test_wide_stats_layout_matches_torch_and_head_layout(cols, monkeypatch):
     torch.testing.assert_close(wide.mu_v, head.mu_v, rtol=1e-6, atol=1e-6)
     assert torch.equal(wide.v_amax, (v.float() - wide.mu_v[:, None]).abs().amax(1))
     assert torch.equal(wide.mu_k, again.mu_k) and torch.equal(wide.mu_v, again.mu_v)
+
+
+@pytest.mark.parametrize("S", [100, 300])
+def test_folded_k_scales_match_the_emulation(S):
+    """sk_fold (two K scales per 128-key tile folded into per-half row maxes and the exponent's
+    FMA) rounds differently from x * s_k, then * f: within the emulation tolerance, and the single
+    tile case (S = 100) within BF16 rounding of the twin."""
+    q, k, v = biased_qkv(B=1, S=S, H=2, D=64, seed=S + 1)
+    ref, _ = dense_attention_f64(q, k, v)
+    emu = recipe_attention(q, k, v, "fp8_dense_kv_corrected")
+    kw = dict(block_m=64, block_n=128)
+    a = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", sk_fold=False, **kw)
+    b = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", sk_fold=True, **kw)
+    assert rel_l2(b, ref) <= 1.25 * rel_l2(emu.out, ref)
+    assert rel_l2(b, a.double()) < 0.1 * rel_l2(emu.out, ref)  # last-bit differences only
+    if S <= 128:
+        ulp = emu.out.abs().clamp(min=1e-3) * 2.0**-7
+        assert bool(((b.float() - emu.out).abs() <= ulp).all())
+
+
+def test_heads_first_grid_order_gives_the_same_bits(monkeypatch):
+    from workbench.kernels import kv_stats as ks
+    from workbench.kernels import quantize as qz
+
+    q, k, v = biased_qkv(B=2, S=300, H=4, Hkv=2)
+    st = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    kw = dict(smooth_k=True, smooth_v=True, v_bias_correction=True)
+    a = quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, **kw)
+    monkeypatch.setattr(ks, "STATS_HEADS_FIRST", True)
+    monkeypatch.setattr(qz, "HEADS_FIRST", True)
+    st2 = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    for x, y in zip((st.mu_k, st.mu_v, st.v_amax), (st2.mu_k, st2.mu_v, st2.v_amax)):
+        assert torch.equal(x, y)
+    b = quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, **kw)
+    for name in ("q8", "k8", "v8t"):
+        assert torch.equal(getattr(a, name).view(torch.uint8), getattr(b, name).view(torch.uint8))
+    for name in ("q_scale", "k_scale", "v_scale", "v_corr"):
+        assert torch.equal(getattr(a, name), getattr(b, name))

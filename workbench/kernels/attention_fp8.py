@@ -57,18 +57,18 @@ def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
 def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
-               LAZY_TAU: tl.constexpr, PV_FMA: tl.constexpr):
+               LAZY_TAU: tl.constexpr, PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr):
     """One key tile of the online softmax. Returns the updated (acc, l_i, m_i)."""
     raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
     return _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n, BLOCK_N,
-                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA)
+                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
 
 
 @triton.jit
 def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
                 BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_PV: tl.constexpr, LAZY_TAU: tl.constexpr,
-                PV_FMA: tl.constexpr):
+                PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr):
     """Online softmax of one tile's raw scores [BLOCK_M, BLOCK_N] and its P @ V."""
     # The row max m is kept in "t units" (raw score * K scale); the Q-row factor qs (Q scale *
     # softmax scale * log2 e, > 0) enters through one FMA per element: p = 2^(x*f - m*qs).
@@ -80,7 +80,21 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
         if MASK_KEYS:
             x = tl.where((n0 + offs_n < S)[None, :], x, float("-inf"))
         m_cand = tl.maximum(m_i, tl.max(x, axis=1) * skv)
-        f = qs * skv
+        f = (qs * skv)[:, None]
+    elif SK_FOLD and BLOCK_N == 2 * SCALE_BLOCK:
+        # Two K scales per tile, folded like the one-scale case: per-half row maxes (the column
+        # test is constant per register after layout lowering, so the selects fold away) and a
+        # per-half row factor in the exponent's FMA: no per-element multiply by s_k.
+        s0 = tl.load(SK + skbase + n0 // SCALE_BLOCK)
+        s1 = tl.load(SK + skbase + n0 // SCALE_BLOCK + 1)
+        half0 = (offs_n < SCALE_BLOCK)[None, :]
+        x = raw
+        if MASK_KEYS:
+            x = tl.where((n0 + offs_n < S)[None, :], x, float("-inf"))
+        mx0 = tl.max(tl.where(half0, x, float("-inf")), axis=1)
+        mx1 = tl.max(tl.where(half0, float("-inf"), x), axis=1)
+        m_cand = tl.maximum(m_i, tl.maximum(mx0 * s0, mx1 * s1))
+        f = tl.where(half0, (qs * s0)[:, None], (qs * s1)[:, None])
     else:
         if BLOCK_N == 2 * SCALE_BLOCK:  # two scalar loads instead of a per-column gather
             s0 = tl.load(SK + skbase + n0 // SCALE_BLOCK)
@@ -92,7 +106,7 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
         if MASK_KEYS:
             x = tl.where((n0 + offs_n < S)[None, :], x, float("-inf"))
         m_cand = tl.maximum(m_i, tl.max(x, axis=1))
-        f = qs
+        f = qs[:, None]
     if LAZY_TAU > 0:
         # Lazy rescaling (FA4): keep the stale max m_i (so skip acc *= alpha, a BLOCK_M x D
         # multiply) unless some row's max grew by more than LAZY_TAU in log2 units. Exact in
@@ -105,12 +119,12 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
             acc = acc * alpha[:, None]
             l_i = l_i * alpha
             m_i = m_cand
-        p = tl.math.exp2(tl.fma(x, f[:, None], -(m_i * qs)[:, None]))
+        p = tl.math.exp2(tl.fma(x, f, -(m_i * qs)[:, None]))
         l_i = l_i + tl.sum(p, axis=1)
     else:
         mq = m_cand * qs
         alpha = tl.math.exp2(m_i * qs - mq)
-        p = tl.math.exp2(tl.fma(x, f[:, None], -mq[:, None]))
+        p = tl.math.exp2(tl.fma(x, f, -mq[:, None]))
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not PV_FMA:
             acc = acc * alpha[:, None]
@@ -158,7 +172,7 @@ def _fp8_attn_fwd_kernel(
     IMP_PV: tl.constexpr,
     WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
     LAZY_TAU: tl.constexpr, WARP_SPEC: tl.constexpr, PV_FMA: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    SK_FOLD: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -203,7 +217,7 @@ def _fp8_attn_fwd_kernel(
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA)
+                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
             j += 1
     else:
         for j in tl.range(0, n_full, warp_specialize=WARP_SPEC):
@@ -211,7 +225,7 @@ def _fp8_attn_fwd_kernel(
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA)
+                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
     # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked to -inf).
     if n_full * BLOCK_N < S:
         n0 = n_full * BLOCK_N
@@ -219,7 +233,7 @@ def _fp8_attn_fwd_kernel(
                         HEAD_D, BLOCK_N, USE_TMA)
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                                    BLOCK_N, SCALE_BLOCK, True, ROUND_P, IMP_QK, IMP_PV,
-                                   LAZY_TAU, PV_FMA)
+                                   LAZY_TAU, PV_FMA, SK_FOLD)
 
     # Epilogue: V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32.
     vs = tl.load(VS + bhk * HEAD_D + d)
@@ -284,6 +298,7 @@ def fp8_attention_fwd(
     warp_specialize: bool = False,
     maxnreg: int | None = None,
     flush: str = "triton",
+    sk_fold: bool = False,
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
@@ -299,6 +314,10 @@ def fp8_attention_fwd(
     (max_imprecise) on both dots; "fma" = Q K^T as one unbounded chain (it starts from zero) and
     P @ V into a fresh accumulator added with acc * alpha + pv, which keeps ptxas from
     serializing the wgmmas. max_imprecise = 0 (flush every 32-wide step) needs "triton".
+    sk_fold: with block_n = 128 (two K scales per tile), take the row max per 64-key half and
+    put s_k into the exponent's per-row factor (qs * s_k per half) instead of multiplying every
+    score by s_k: the same row max, one FP32 multiply per score fewer; the exponent's argument
+    rounds differently in the last bit (x * fl(qs * s_k) vs fl(x * s_k) * qs).
     """
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
@@ -345,7 +364,7 @@ def fp8_attention_fwd(
         HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, SCALE_BLOCK=64, ROUND_P=round_p,
         IMP_QK=-1 if pv_fma else min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n),
         WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=tma, LAZY_TAU=float(lazy_tau),
-        WARP_SPEC=bool(warp_specialize), PV_FMA=pv_fma,
+        WARP_SPEC=bool(warp_specialize), PV_FMA=pv_fma, SK_FOLD=bool(sk_fold),
         INTERPRET=interp, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out, lse

@@ -33,8 +33,12 @@ from .quantize import quantize_qkv
 # and triton's Hopper warp specialization were all slower (first sweep).
 # Second session (third sweep, same shape): flush="fma" (the per-tile FP32 flush written so ptxas
 # does not serialize the wgmmas) 39.6 / 40.1 ms vs 40.3 / 41.8 ms for triton's bound.
+# Third session: sk_fold (the two K scales of a 128-key tile folded into per-half row maxes and
+# the exponent's FMA): the main loop drops from 609 to 563 SASS instructions per tile (no
+# per-element multiply by s_k; scripts/sass_stats.py).
 TUNING = {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 2, "max_imprecise": 128,
-          "round_p": None, "use_tma": True, "lazy_tau": 0.0, "maxnreg": 168, "flush": "fma"}
+          "round_p": None, "use_tma": True, "lazy_tau": 0.0, "maxnreg": 168, "flush": "fma",
+          "sk_fold": True}
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 

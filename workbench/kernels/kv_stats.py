@@ -40,6 +40,9 @@ FINAL_CHUNKS = 8  # partial rows added per finalize step
 # "head": one program per (token chunk, head), rows of D channels 64 * H * D bytes apart.
 # "wide": one program per (token chunk, column block of the token row [H * D]), so each load is a
 # long contiguous run of the row (several heads at once); needs (H, D) contiguous in memory.
+# Grid order: False = consecutive programs walk one head's token chunks; True = they take the
+# heads of one chunk (programs in flight together read whole [Hkv * D] token rows)
+STATS_HEADS_FIRST = False
 STATS_LAYOUT = "head"  # H200 2026-11-30: every "wide" config was slower (26-52% vs 71% of copy)
 WIDE_ROWS, WIDE_SUB, WIDE_COLS, WIDE_WARPS = 8, 64, 512, 4
 
@@ -60,10 +63,14 @@ def _kv_partial_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr,
-    SUM_K: tl.constexpr, SUM_V: tl.constexpr,
+    SUM_K: tl.constexpr, SUM_V: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    bh = tl.program_id(1)
+    if HEADS_FIRST:
+        bh = tl.program_id(0)
+        c = tl.program_id(1)
+    else:
+        c = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // HKV
     h = bh % HKV
     d = tl.arange(0, HEAD_D)
@@ -211,13 +218,14 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool
             SUM_V=smooth_v, num_warps=WIDE_WARPS,
         )
     else:
-        _kv_partial_kernel[(n_chunks, B * Hkv)](
+        hf = bool(STATS_HEADS_FIRST)
+        _kv_partial_kernel[(B * Hkv, n_chunks) if hf else (n_chunks, B * Hkv)](
             k, v, parts[0], parts[1], parts[2], parts[3],
             S, Hkv, n_chunks,
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             HEAD_D=D, ROWS=STATS_ROWS, N_SUB=STATS_SUB, SUM_K=smooth_k, SUM_V=smooth_v,
-            num_warps=STATS_WARPS,
+            HEADS_FIRST=hf, num_warps=STATS_WARPS,
         )
     out = torch.zeros((3, B, Hkv, D), **f32)
     _kv_finalize_kernel[(B * Hkv,)](

@@ -21,9 +21,10 @@ Output layouts, chosen for the attention kernel (``attention_fp8``):
 - S_pad = S rounded up to ``SEQ_PAD`` (256); pad tokens are written as exact zeros (scale 1) by the
   same kernels, so the attention kernel's main loop needs no masks on loads.
 
-The correction needs mean_t of dequant(V'), which the V pass produces as per-chunk partial sums of
-the
-quantized values (no extra pass over V); a small fixed-order kernel finishes it (deterministic).
+The correction needs mean_t of dequant(V') = s_v * mean_t(codes). ``_v_corr_kernel`` sums the
+stored codes of V^T (token-contiguous rows, FP8: a quarter of V's bf16 bytes) in a fixed order
+(deterministic). Summing inside the V pass instead made triton compute every V tile twice (once in
+the load layout for the sum, once in the store layout): twice the divisions of the pass.
 """
 
 from __future__ import annotations
@@ -59,7 +60,14 @@ V_TRANS_STORE = 2
 HW_ROUND = True
 # fl32(1/448) = what torch's CUDA `amax / 448.0` multiplies by (see _quant_tokens_kernel)
 INV_448: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(448.0)))
-CORR_CHUNKS = 8
+# V-bias correction: each program sums CORR_ROWS channels' rows of V^T, CORR_BLOCK_T tokens a step
+# (divides SEQ_PAD, so the padded rows need no masks)
+CORR_ROWS = 8
+CORR_BLOCK_T = 256
+# Grid order of the three passes: False = consecutive programs walk one head's token blocks; True
+# = consecutive programs take the heads of one token block, so the programs in flight together
+# read whole [H * D] token rows of the input
+HEADS_FIRST = False
 
 
 @dataclass(frozen=True)
@@ -86,11 +94,15 @@ def _quant_tokens_kernel(
     S, S_pad, H, HMU_GROUP,
     stride_xb, stride_xs, stride_xh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    HW_ROUND: tl.constexpr,
+    HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
-    blk = tl.program_id(0)
-    bh = tl.program_id(1)
+    if HEADS_FIRST:
+        bh = tl.program_id(0)
+        blk = tl.program_id(1)
+    else:
+        blk = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     t = blk * BLOCK + tl.arange(0, BLOCK)
@@ -132,16 +144,21 @@ def _to_e4m3(y, HW_ROUND: tl.constexpr):
 
 @triton.jit
 def _quant_v_kernel(
-    V, MU, VSCALE, OUT8T, PSUM,
-    S, S_pad, HKV, n_chunks,
+    V, MU, VSCALE, OUT8T,
+    S, S_pad, HKV,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, CENTER: tl.constexpr,
-    TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr,
+    TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    """One program = one (batch, head, 256-token chunk): center, round with channel scales, store
-    transposed, and keep the per-channel sum of the quantized values for the correction."""
-    c = tl.program_id(0)
-    bh = tl.program_id(1)
+    """One program = one (batch, head, ROWS * N_SUB-token chunk): center, round with channel
+    scales, store transposed. (No per-channel sum here: with one, triton computes the whole tile
+    twice, once per layout; the correction sums the stored codes instead, see _v_corr_kernel.)"""
+    if HEADS_FIRST:
+        bh = tl.program_id(0)
+        c = tl.program_id(1)
+    else:
+        c = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // HKV
     h = bh % HKV
     d = tl.arange(0, HEAD_D)
@@ -150,121 +167,136 @@ def _quant_v_kernel(
     if CENTER:
         mu = tl.load(MU + bh * HEAD_D + d)
     if TRANS_STORE == 2:
-        _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_vb,
-                            stride_vs, stride_vh, d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND)
+        _quant_v_transposed(V, OUT8T, c, bh, b, h, S, S_pad, stride_vb, stride_vs, stride_vh,
+                            d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND)
         return
-    qsum = tl.zeros([ROWS, HEAD_D], tl.float32)
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
         ok = (t < S)[:, None]
         x = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
                     mask=ok, other=0.0).to(tl.float32)
         x = tl.where(ok, x - mu[None, :], 0.0)
-        q, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape)), HW_ROUND)
-        qsum += q
+        _, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape)), HW_ROUND)
         # transposed store: [D, ROWS] with tokens contiguous. TRANS_STORE transposes the tile
         # first (through shared memory) so each thread writes runs of consecutive tokens.
         if TRANS_STORE == 1:
             tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], tl.trans(q8))
         else:
             tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q8)
-    tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=0))
 
 
 @triton.jit
-def _quant_v_transposed(V, OUT8T, PSUM, c, bh, b, h, S, S_pad, n_chunks, stride_vb, stride_vs,
-                        stride_vh, d, mu, s, HEAD_D: tl.constexpr, ROWS: tl.constexpr,
-                        N_SUB: tl.constexpr, HW_ROUND: tl.constexpr):
+def _quant_v_transposed(V, OUT8T, c, bh, b, h, S, S_pad, stride_vb, stride_vs, stride_vh, d,
+                        mu, s, HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr,
+                        HW_ROUND: tl.constexpr):
     """TRANS_STORE = 2: transpose the loaded 16-bit tile (2-byte granules through shared memory
     instead of the 1-byte FP8 codes) and quantize in the [D, ROWS] layout of the store."""
-    qsum = tl.zeros([HEAD_D, ROWS], tl.float32)
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
         ok = (t < S)[None, :]
         xr = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
                      mask=(t < S)[:, None], other=0.0)
         x = tl.where(ok, tl.trans(xr).to(tl.float32) - mu[:, None], 0.0)
-        q, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)), HW_ROUND)
-        qsum += q
+        _, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)), HW_ROUND)
         tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], q8)
-    tl.store(PSUM + (bh * n_chunks + c) * HEAD_D + d, tl.sum(qsum, axis=1))
 
 
 @triton.jit
-def _corr_step(PSUM, base, c0, n_chunks, acc, HEAD_D: tl.constexpr, CB: tl.constexpr):
-    cc = c0 + tl.arange(0, CB)
-    off = base + cc[:, None] * HEAD_D + tl.arange(0, HEAD_D)[None, :]
-    return acc + tl.load(PSUM + off, mask=(cc < n_chunks)[:, None], other=0.0)
+def _code_sum_step(rows, t0, acc):
+    return acc + tl.load(rows + t0).to(tl.float32)
 
 
 @triton.jit
 def _v_corr_kernel(
-    PSUM, MU, VSCALE, CORR, n_chunks, s_len,
-    HEAD_D: tl.constexpr, CB: tl.constexpr, MODE: tl.constexpr, INTERPRET: tl.constexpr,
+    V8T, MU, VSCALE, CORR, S_pad, s_len,
+    HEAD_D: tl.constexpr, ROWS_D: tl.constexpr, BLOCK_T: tl.constexpr, MODE: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
-    """MODE 0: corr = 0; 1: corr = mu_v; 2: corr = mu_v - s_v * mean_t(q_v) (fixed order)."""
+    """MODE 0: corr = 0; 1: corr = mu_v; 2: corr = mu_v - s_v * mean_t(q_v), the mean taken over
+    the stored codes of V8T (pad tokens are zeros), in a fixed order (deterministic).
+    Grid (B * Hkv, HEAD_D // ROWS_D): each program sums ROWS_D token-contiguous rows of V^T."""
     bh = tl.program_id(0)
-    d = tl.arange(0, HEAD_D)
-    corr = tl.zeros([HEAD_D], tl.float32)
+    d = tl.program_id(1) * ROWS_D + tl.arange(0, ROWS_D)
+    corr = tl.zeros([ROWS_D], tl.float32)
     if MODE >= 1:
         corr = tl.load(MU + bh * HEAD_D + d)
     if MODE == 2:
-        acc = tl.zeros([CB, HEAD_D], tl.float32)
-        base = bh * n_chunks * HEAD_D
-        n_steps = tl.cdiv(n_chunks, CB)
+        acc = tl.zeros([ROWS_D, BLOCK_T], tl.float32)
+        rows = V8T + (bh * HEAD_D + d)[:, None] * S_pad + tl.arange(0, BLOCK_T)[None, :]
+        n_steps = S_pad // BLOCK_T
         if INTERPRET:  # see kv_stats: run-time `for` bounds fail in the 3.6 interpreter
             i = 0
             while i < n_steps:
-                acc = _corr_step(PSUM, base, i * CB, n_chunks, acc, HEAD_D, CB)
+                acc = _code_sum_step(rows, i * BLOCK_T, acc)
                 i += 1
         else:
             for i in range(n_steps):
-                acc = _corr_step(PSUM, base, i * CB, n_chunks, acc, HEAD_D, CB)
+                acc = _code_sum_step(rows, i * BLOCK_T, acc)
         s = tl.load(VSCALE + bh * HEAD_D + d)
-        corr = corr - s * tl.math.div_rn(tl.sum(acc, axis=0), tl.full([HEAD_D], s_len, tl.float32))
+        corr = corr - s * tl.math.div_rn(tl.sum(acc, axis=1), tl.full([ROWS_D], s_len, tl.float32))
     tl.store(CORR + bh * HEAD_D + d, corr)
 
 
 def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
                  v_bias_correction: bool) -> QuantizedQKV:
     """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``."""
-    B, S, H, D = q.shape
-    Hkv = k.shape[2]
+    q8, q_scale = quantize_tokens(q)
+    k8, k_scale = quantize_tokens(k, mu_k if smooth_k else None)
+    v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax)
+    mode = 2 if v_bias_correction else (1 if smooth_v else 0)
+    v_corr = v_correction(v8t, v_scale, mu_v, q.shape[1], mode)
+    return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, q.shape[1])
+
+
+def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None):
+    """x [B, S, H, D] (centred by mu [B, H, D] when given) -> (codes [B, H, S_pad, D] E4M3,
+    scales [B, H, S_pad / 64] float32), one scale per 64-token block and head."""
+    B, S, H, D = x.shape
     S_pad = padded_len(S)
     nb = S_pad // QK_BLOCK
-    dev = q.device
     interp = interpreting()
-    hw_round = HW_ROUND and not interp
-    f8 = torch.float8_e4m3fn
-    q8 = torch.empty((B, H, S_pad, D), dtype=f8, device=dev)
-    k8 = torch.empty((B, Hkv, S_pad, D), dtype=f8, device=dev)
-    v8t = torch.empty((B, Hkv, D, S_pad), dtype=f8, device=dev)
-    q_scale = torch.empty((B, H, nb), dtype=torch.float32, device=dev)
-    k_scale = torch.empty((B, Hkv, nb), dtype=torch.float32, device=dev)
-    _quant_tokens_kernel[(nb, B * H)](
-        q, q, q8, q_scale, S, S_pad, H, 1, q.stride(0), q.stride(1), q.stride(2),
-        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=False, SCALE_RECIP=not interp, HW_ROUND=hw_round,
-        num_warps=QK_WARPS,
+    x8 = torch.empty((B, H, S_pad, D), dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty((B, H, nb), dtype=torch.float32, device=x.device)
+    hf = bool(HEADS_FIRST)
+    _quant_tokens_kernel[(B * H, nb) if hf else (nb, B * H)](
+        x, x if mu is None else mu, x8, scale, S, S_pad, H, 1,
+        x.stride(0), x.stride(1), x.stride(2),
+        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=mu is not None, SCALE_RECIP=not interp,
+        HW_ROUND=HW_ROUND and not interp, HEADS_FIRST=hf, num_warps=QK_WARPS,
     )
-    _quant_tokens_kernel[(nb, B * Hkv)](
-        k, mu_k, k8, k_scale, S, S_pad, Hkv, 1, k.stride(0), k.stride(1), k.stride(2),
-        HEAD_D=D, BLOCK=QK_BLOCK, CENTER=smooth_k, SCALE_RECIP=not interp, HW_ROUND=hw_round,
-        num_warps=QK_WARPS,
-    )
+    return x8, scale
+
+
+def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor):
+    """v [B, S, Hkv, D] (centred by mu_v when given; v_amax = max_t |v - mu_v|, [B, Hkv, D]) ->
+    (codes V^T [B, Hkv, D, S_pad] E4M3, channel scales [B, Hkv, D] float32)."""
+    B, S, Hkv, D = v.shape
+    S_pad = padded_len(S)
+    interp = interpreting()
+    v8t = torch.empty((B, Hkv, D, S_pad), dtype=torch.float8_e4m3fn, device=v.device)
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
     assert S_pad % (V_ROWS * V_SUB) == 0
     n_chunks = S_pad // (V_ROWS * V_SUB)
-    psum = torch.empty((B * Hkv, n_chunks, D), dtype=torch.float32, device=dev)
-    _quant_v_kernel[(n_chunks, B * Hkv)](
-        v, mu_v, v_scale, v8t, psum, S, S_pad, Hkv, n_chunks,
+    hf = bool(HEADS_FIRST)
+    _quant_v_kernel[(B * Hkv, n_chunks) if hf else (n_chunks, B * Hkv)](
+        v, v_scale if mu_v is None else mu_v, v_scale, v8t, S, S_pad, Hkv,
         v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=smooth_v, TRANS_STORE=int(V_TRANS_STORE),
-        HW_ROUND=hw_round, num_warps=V_WARPS,
+        HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=mu_v is not None,
+        TRANS_STORE=int(V_TRANS_STORE), HW_ROUND=HW_ROUND and not interp, HEADS_FIRST=hf,
+        num_warps=V_WARPS,
     )
-    v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=dev)
-    mode = 2 if v_bias_correction else (1 if smooth_v else 0)
-    _v_corr_kernel[(B * Hkv,)](
-        psum, mu_v, v_scale, v_corr, n_chunks, float(S),
-        HEAD_D=D, CB=CORR_CHUNKS, MODE=mode, INTERPRET=interpreting(), num_warps=4,
+    return v8t, v_scale
+
+
+def v_correction(v8t, v_scale, mu_v, seq_len: int, mode: int) -> torch.Tensor:
+    """The vector added to the quantized rows' FP32 output, [B, Hkv, D] float32: mode 0 = zeros,
+    1 = mu_v (smoothing only), 2 = mu_v - s_v * mean_t(codes) (the V-bias correction)."""
+    B, Hkv, D, S_pad = v8t.shape
+    v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=v8t.device)
+    rows_d = min(CORR_ROWS, D)
+    _v_corr_kernel[(B * Hkv, D // rows_d)](
+        v8t, mu_v, v_scale, v_corr, S_pad, float(seq_len),
+        HEAD_D=D, ROWS_D=rows_d, BLOCK_T=CORR_BLOCK_T, MODE=mode, INTERPRET=interpreting(),
+        num_warps=4,
     )
-    return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, S)
+    return v_corr
