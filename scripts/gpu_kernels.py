@@ -110,9 +110,10 @@ FINAL2 = [
 
 # Third session: the folded K scales (dispatch.TUNING's sk_fold, 563 vs 609 SASS instructions per
 # key tile) against the previous default.
-FINAL3 = [
+FINAL3 = [  # call 1: sk_fold 38.07 / 41.00 ms, without 39.52 / 39.81 ms
     ("committed default (sk_fold)", {}),
-    ("no sk_fold (previous default)", {"sk_fold": False}),
+    ("exp_poly 8 (1 in 8 exponentials on the FMA pipe)", {"exp_poly": 8}),
+    ("exp_poly 4 (1 in 4 exponentials on the FMA pipe)", {"exp_poly": 4}),
 ]
 
 
@@ -320,42 +321,56 @@ def prep_sweep3(sets):
     copy = copy_bandwidth_tbs()
     log(f"copy bandwidth {copy:.2f} TB/s (read+write)")
     rows.append(dict(what="copy", tbs=copy))
-    ref = ks.kv_stats(k, v, smooth_k=True, smooth_v=True)
-    default = (ks.STATS_ROWS, ks.STATS_SUB, ks.STATS_WARPS, ks.STATS_HEADS_FIRST)
+    ref = None
+    names = ("STATS_ROWS", "STATS_SUB", "STATS_WARPS", "STATS_HEADS_FIRST", "STATS_UNROLL",
+             "STATS_STAGES")
+    default = tuple(getattr(ks, n) for n in names)
     best = None
-    for cfg in [default, (8, 64, 4, True), (16, 32, 4, True), (8, 32, 4, True),
-                (4, 128, 4, True), (8, 128, 4, True), (16, 64, 8, True)]:
-        ks.STATS_ROWS, ks.STATS_SUB, ks.STATS_WARPS, ks.STATS_HEADS_FIRST = cfg
+    # (rows, sub-tiles, warps, heads first, unrolled, stages): call 1 of this session measured
+    # the unrolled heads-first forms; call 2 adds the compiler-pipelined loop (compiles in
+    # seconds instead of ~40 s for 128 unrolled sub-tiles)
+    for cfg in [default, (8, 128, 4, True, False, 2), (8, 128, 4, True, False, 3),
+                (16, 64, 4, True, False, 3), (8, 256, 4, True, False, 3),
+                (16, 128, 4, True, False, 3), (32, 32, 4, True, False, 3),
+                (8, 64, 4, True, False, 3)]:
+        for n, x in zip(names, cfg):
+            setattr(ks, n, x)
         try:
+            t0 = time.time()
             r = ks.kv_stats(k, v, smooth_k=True, smooth_v=True)
-            r2 = ks.kv_stats(k, v, smooth_k=True, smooth_v=True)
-            same = all(bool(torch.equal(getattr(r, n), getattr(r2, n)))
+            torch.cuda.synchronize()
+            first = time.time() - t0
+            ref = ref or r
+            same = all(bool(torch.equal(getattr(r, n), getattr(ref, n)))
                        for n in ("mu_k", "mu_v", "v_amax"))
             err = float((r.mu_k - k.double().mean(1)).abs().max())
-            amax_ok = bool(torch.equal(r.v_amax, ref.v_amax)) or not torch.equal(r.mu_v, ref.mu_v)
             ms = [median_ms(lambda: ks.kv_stats(k, v, smooth_k=True, smooth_v=True), rep_ms=100)
                   for _ in range(2)]
             tbs = 2 * nbytes / (min(ms) * 1e-3) / 1e12
             rows.append(dict(what=f"stats {cfg}", ms=ms, tbs=tbs, pct_copy=tbs / copy,
-                             deterministic=same, mu_k_maxerr=err))
-            log(f"stats rows/sub/warps/heads_first {cfg}: {ms[0]:.3f} {ms[1]:.3f} ms "
-                f"{tbs:.2f} TB/s = {100 * tbs / copy:.1f}% copy, det {same}, "
-                f"max|mu_k err| {err:.2e}, amax ok {amax_ok}")
-            if same and err < 1e-5 and amax_ok and (best is None or min(ms) < best[0]):
+                             same_bits=same, mu_k_maxerr=err, first_call_s=first))
+            log(f"stats rows/sub/warps/heads_first/unroll/stages {cfg}: {ms[0]:.3f} {ms[1]:.3f} "
+                f"ms {tbs:.2f} TB/s = {100 * tbs / copy:.1f}% copy, bits = first {same}, "
+                f"max|mu_k err| {err:.2e}, first call {first:.1f} s")
+            if same and err < 1e-5 and (best is None or min(ms) < best[0]):
                 best = (min(ms), cfg)
         except Exception as exc:  # noqa: BLE001 - a config may fail: report, go on
             log(f"stats {cfg} FAILED {type(exc).__name__}: {str(exc)[:200]}")
-    ks.STATS_ROWS, ks.STATS_SUB, ks.STATS_WARPS, ks.STATS_HEADS_FIRST = best[1] if best else default
-    log(f"stats config for the bench: {best[1] if best else default}")
-    rows.append(dict(what="stats chosen", cfg=best[1] if best else default))
+    chosen = best[1] if best else default
+    for n, x in zip(names, chosen):
+        setattr(ks, n, x)
+    log(f"stats config for the bench: {chosen}")
+    rows.append(dict(what="stats chosen", cfg=chosen))
 
     st = ks.kv_stats(k, v, smooth_k=True, smooth_v=True)
     kw = dict(smooth_k=True, smooth_v=True, v_bias_correction=True)
     names = ("q8", "k8", "v8t")
     qdefault = (qz.HEADS_FIRST, qz.V_ROWS, qz.V_WARPS, qz.CORR_ROWS, qz.CORR_BLOCK_T)
     held, qbest = None, None
-    for cfg in [qdefault, (True, 64, 4, 8, 256), (True, 128, 8, 8, 256), (False, 128, 8, 8, 256),
-                (True, 64, 4, 4, 512), (True, 64, 4, 16, 256)]:
+    # call 1 of this session: (False, 64, 4, 8, 256) 0.744 ms, (True, 64, 4, 8, 256) 0.746,
+    # (True, 128, 8, 8, 256) 0.794, (False, 128, 8, 8, 256) 0.791, (True, 64, 4, 4, 512) 0.730,
+    # (True, 64, 4, 16, 256) 0.753
+    for cfg in [qdefault, (False, 64, 4, 4, 512)]:
         qz.HEADS_FIRST, qz.V_ROWS, qz.V_WARPS, qz.CORR_ROWS, qz.CORR_BLOCK_T = cfg
         try:
             def fn():
@@ -457,12 +472,15 @@ def main():
     report["sweep"] = rows
     report["prep_sweep"] = prep_rows
     report["quantizer_diag"] = diag
-    report["chosen_tuning"] = best["cfg"] if best else None
+    from workbench.kernels.dispatch import TUNING
+
+    report["chosen_tuning"] = best["cfg"] if best else dict(TUNING)
     from workbench.kernels import kv_stats as ks
     from workbench.kernels import quantize as qz
 
     report["chosen_prep"] = {"stats": [ks.STATS_ROWS, ks.STATS_SUB, ks.STATS_WARPS,
-                                       ks.STATS_HEADS_FIRST],
+                                       ks.STATS_HEADS_FIRST, ks.STATS_UNROLL,
+                                       ks.STATS_STAGES],
                              "quant": [qz.V_TRANS_STORE, qz.V_ROWS, qz.V_SUB, qz.V_WARPS,
                                        qz.HW_ROUND, qz.QK_WARPS, qz.HEADS_FIRST, qz.CORR_ROWS,
                                        qz.CORR_BLOCK_T]}

@@ -33,16 +33,21 @@ from .e4m3 import interpreting
 # (no spills) and many independent loads in flight. H200 sweep 2026-11-30 (K+V read): 64x4 w4
 # 1.86 TB/s = 44% of copy; 32x8 w4 58%; 16x32 w4 2.98 TB/s = 70%.
 # H200 2026-11-30 (second session, two calls): 8 x 64 = 0.289 ms = 76-77% of copy vs 16 x 32 71%.
+# Third session (H200, same run as the bench of 73dbf6a): heads-first grid order and 8 x 128 =
+# 0.276 ms = 80% of copy (8 x 64 head order 0.289 ms = 76%). An unrolled 128-step loop compiles for
+# ~40 s on the first call; STATS_UNROLL = False is a compiler-pipelined loop (STATS_STAGES).
 STATS_ROWS = 8  # tokens per sub-tile
-STATS_SUB = 64  # sub-tiles per program
+STATS_SUB = 128  # sub-tiles per program
 STATS_WARPS = 4
+STATS_UNROLL = True
+STATS_STAGES = 3
 FINAL_CHUNKS = 8  # partial rows added per finalize step
 # "head": one program per (token chunk, head), rows of D channels 64 * H * D bytes apart.
 # "wide": one program per (token chunk, column block of the token row [H * D]), so each load is a
 # long contiguous run of the row (several heads at once); needs (H, D) contiguous in memory.
 # Grid order: False = consecutive programs walk one head's token chunks; True = they take the
 # heads of one chunk (programs in flight together read whole [Hkv * D] token rows)
-STATS_HEADS_FIRST = False
+STATS_HEADS_FIRST = True
 STATS_LAYOUT = "head"  # H200 2026-11-30: every "wide" config was slower (26-52% vs 71% of copy)
 WIDE_ROWS, WIDE_SUB, WIDE_COLS, WIDE_WARPS = 8, 64, 512, 4
 
@@ -57,13 +62,30 @@ class KVStats:
 
 
 @triton.jit
+def _kv_partial_step(K, V, ksum, vsum, vmax, vmin, t, S, b, h, d,
+                     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                     SUM_K: tl.constexpr, SUM_V: tl.constexpr):
+    ok = (t < S)[:, None]
+    if SUM_K:
+        kp = K + b * stride_kb + h * stride_kh + t[:, None] * stride_ks + d[None, :]
+        ksum += tl.load(kp, mask=ok, other=0.0).to(tl.float32)
+    vp = V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :]
+    x = tl.load(vp, mask=ok, other=0.0).to(tl.float32)
+    if SUM_V:
+        vsum += x
+    vmax = tl.maximum(vmax, tl.where(ok, x, float("-inf")))
+    vmin = tl.minimum(vmin, tl.where(ok, x, float("inf")))
+    return ksum, vsum, vmax, vmin
+
+
+@triton.jit
 def _kv_partial_kernel(
     K, V, PK, PV, PVMAX, PVMIN,
     S, HKV, n_chunks,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr,
-    SUM_K: tl.constexpr, SUM_V: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    SUM_K: tl.constexpr, SUM_V: tl.constexpr, HEADS_FIRST: tl.constexpr, UNROLL: tl.constexpr,
 ):
     if HEADS_FIRST:
         bh = tl.program_id(0)
@@ -78,18 +100,19 @@ def _kv_partial_kernel(
     vsum = tl.zeros([ROWS, HEAD_D], tl.float32)
     vmax = tl.full([ROWS, HEAD_D], float("-inf"), tl.float32)
     vmin = tl.full([ROWS, HEAD_D], float("inf"), tl.float32)
-    for i in tl.static_range(N_SUB):
-        t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
-        ok = (t < S)[:, None]
-        if SUM_K:
-            kp = K + b * stride_kb + h * stride_kh + t[:, None] * stride_ks + d[None, :]
-            ksum += tl.load(kp, mask=ok, other=0.0).to(tl.float32)
-        vp = V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :]
-        x = tl.load(vp, mask=ok, other=0.0).to(tl.float32)
-        if SUM_V:
-            vsum += x
-        vmax = tl.maximum(vmax, tl.where(ok, x, float("-inf")))
-        vmin = tl.minimum(vmin, tl.where(ok, x, float("inf")))
+    t0 = c * (ROWS * N_SUB) + tl.arange(0, ROWS)
+    # UNROLL: the sub-tile loop unrolled (all loads visible to the scheduler; compile time grows
+    # with N_SUB); else a loop the compiler pipelines. Same order of additions either way.
+    if UNROLL:
+        for i in tl.static_range(N_SUB):
+            ksum, vsum, vmax, vmin = _kv_partial_step(
+                K, V, ksum, vsum, vmax, vmin, t0 + i * ROWS, S, b, h, d, stride_kb, stride_ks,
+                stride_kh, stride_vb, stride_vs, stride_vh, SUM_K, SUM_V)
+    else:
+        for i in range(N_SUB):
+            ksum, vsum, vmax, vmin = _kv_partial_step(
+                K, V, ksum, vsum, vmax, vmin, t0 + i * ROWS, S, b, h, d, stride_kb, stride_ks,
+                stride_kh, stride_vb, stride_vs, stride_vh, SUM_K, SUM_V)
     o = (bh * n_chunks + c) * HEAD_D + d
     if SUM_K:
         tl.store(PK + o, tl.sum(ksum, axis=0))
@@ -225,7 +248,8 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             HEAD_D=D, ROWS=STATS_ROWS, N_SUB=STATS_SUB, SUM_K=smooth_k, SUM_V=smooth_v,
-            HEADS_FIRST=hf, num_warps=STATS_WARPS,
+            HEADS_FIRST=hf, UNROLL=bool(STATS_UNROLL), num_warps=STATS_WARPS,
+            **({} if STATS_UNROLL else {"num_stages": STATS_STAGES}),
         )
     out = torch.zeros((3, B, Hkv, D), **f32)
     _kv_finalize_kernel[(B * Hkv,)](
