@@ -40,10 +40,11 @@ def run_tests():
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
            "tests/test_kernels_gpu.py"]
     try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420)
         text = p.stdout + p.stderr
     except subprocess.TimeoutExpired as exc:
-        text = f"TIMEOUT\n{exc.stdout or ''}"
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        text = f"TIMEOUT after {exc.timeout} s\n{out}"
     with open(os.path.join(OUT, "pytest.txt"), "w") as f:
         f.write(text)
     tail = [ln for ln in text.strip().splitlines() if ln.strip()][-12:]
@@ -110,10 +111,10 @@ FINAL2 = [
 
 # Third session: the folded K scales (dispatch.TUNING's sk_fold, 563 vs 609 SASS instructions per
 # key tile) against the previous default.
-FINAL3 = [  # call 1: sk_fold 38.07 / 41.00 ms, without 39.52 / 39.81 ms
+FINAL3 = [  # call 1: sk_fold 38.07 / 41.00 ms, without 39.52 / 39.81 ms; call 2: exp_poly 8
+    # (1 in 8 exponentials of P on the FMA pipe) 39.80 / 41.01 and exp_poly 4 41.28 / 41.79 vs
+    # 39.05 / 41.42 for the default (option removed afterwards; code at 445a618)
     ("committed default (sk_fold)", {}),
-    ("exp_poly 8 (1 in 8 exponentials on the FMA pipe)", {"exp_poly": 8}),
-    ("exp_poly 4 (1 in 4 exponentials on the FMA pipe)", {"exp_poly": 4}),
 ]
 
 
@@ -326,13 +327,12 @@ def prep_sweep3(sets):
              "STATS_STAGES")
     default = tuple(getattr(ks, n) for n in names)
     best = None
-    # (rows, sub-tiles, warps, heads first, unrolled, stages): call 1 of this session measured
-    # the unrolled heads-first forms; call 2 adds the compiler-pipelined loop (compiles in
-    # seconds instead of ~40 s for 128 unrolled sub-tiles)
-    for cfg in [default, (8, 128, 4, True, False, 2), (8, 128, 4, True, False, 3),
-                (16, 64, 4, True, False, 3), (8, 256, 4, True, False, 3),
-                (16, 128, 4, True, False, 3), (32, 32, 4, True, False, 3),
-                (8, 64, 4, True, False, 3)]:
+    # (rows, sub-tiles, warps, heads first, sub-tiles unrolled per loop step, stages). Call 1
+    # measured the fully unrolled heads-first forms, call 2 a plain loop (63-73% of copy); call 3
+    # the nested loop (a loop over groups of unrolled sub-tiles: seconds to compile, not ~40 s)
+    for cfg in [default, (8, 128, 4, True, 128, 1), (8, 128, 4, True, 16, 1),
+                (8, 128, 4, True, 64, 1), (8, 256, 4, True, 32, 1), (16, 64, 4, True, 16, 1),
+                (8, 128, 4, True, 32, 2), (8, 64, 4, True, 32, 1)]:
         for n, x in zip(names, cfg):
             setattr(ks, n, x)
         try:
@@ -341,8 +341,12 @@ def prep_sweep3(sets):
             torch.cuda.synchronize()
             first = time.time() - t0
             ref = ref or r
-            same = all(bool(torch.equal(getattr(r, n), getattr(ref, n)))
+            r2 = ks.kv_stats(k, v, smooth_k=True, smooth_v=True)
+            same = all(bool(torch.equal(getattr(r, n), getattr(r2, n)))
                        for n in ("mu_k", "mu_v", "v_amax"))
+            # another chunk shape adds in another (fixed) order: v_amax must still be exact
+            same = same and bool(torch.equal(r.v_amax, ref.v_amax) or
+                                 not torch.equal(r.mu_v, ref.mu_v))
             err = float((r.mu_k - k.double().mean(1)).abs().max())
             ms = [median_ms(lambda: ks.kv_stats(k, v, smooth_k=True, smooth_v=True), rep_ms=100)
                   for _ in range(2)]
@@ -350,7 +354,7 @@ def prep_sweep3(sets):
             rows.append(dict(what=f"stats {cfg}", ms=ms, tbs=tbs, pct_copy=tbs / copy,
                              same_bits=same, mu_k_maxerr=err, first_call_s=first))
             log(f"stats rows/sub/warps/heads_first/unroll/stages {cfg}: {ms[0]:.3f} {ms[1]:.3f} "
-                f"ms {tbs:.2f} TB/s = {100 * tbs / copy:.1f}% copy, bits = first {same}, "
+                f"ms {tbs:.2f} TB/s = {100 * tbs / copy:.1f}% copy, deterministic {same}, "
                 f"max|mu_k err| {err:.2e}, first call {first:.1f} s")
             if same and err < 1e-5 and (best is None or min(ms) < best[0]):
                 best = (min(ms), cfg)
@@ -370,7 +374,7 @@ def prep_sweep3(sets):
     # call 1 of this session: (False, 64, 4, 8, 256) 0.744 ms, (True, 64, 4, 8, 256) 0.746,
     # (True, 128, 8, 8, 256) 0.794, (False, 128, 8, 8, 256) 0.791, (True, 64, 4, 4, 512) 0.730,
     # (True, 64, 4, 16, 256) 0.753
-    for cfg in [qdefault, (False, 64, 4, 4, 512)]:
+    for cfg in [qdefault]:  # call 2: heads first 0.727 ms, tokens first 0.724 ms (a tie)
         qz.HEADS_FIRST, qz.V_ROWS, qz.V_WARPS, qz.CORR_ROWS, qz.CORR_BLOCK_T = cfg
         try:
             def fn():

@@ -47,7 +47,7 @@ def compile_sm90(cfg: dict):
                IMP_PV=cfg.get("imp_pv", min(imp, bn)), PV_FMA=cfg.get("flush") == "fma",
                WRITE_LSE=False, OUT_F32=False,
                USE_TMA=tma, LAZY_TAU=float(cfg["lazy_tau"]), WARP_SPEC=False,
-               SK_FOLD=bool(cfg.get("sk_fold", False)), EXP_POLY=int(cfg.get("exp_poly", 0)),
+               SK_FOLD=bool(cfg.get("sk_fold", False)),
                INTERPRET=False)
     if not tma:
         cst.update(qd=None, kd=None, vd=None)

@@ -304,7 +304,7 @@ def test_grid_order_and_loop_form_give_the_same_bits(monkeypatch):
     kw = dict(smooth_k=True, smooth_v=True, v_bias_correction=True)
     a = quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, **kw)
     monkeypatch.setattr(ks, "STATS_HEADS_FIRST", not ks.STATS_HEADS_FIRST)
-    monkeypatch.setattr(ks, "STATS_UNROLL", not ks.STATS_UNROLL)
+    monkeypatch.setattr(ks, "STATS_UNROLL", 1 if ks.STATS_UNROLL != 1 else ks.STATS_SUB)
     monkeypatch.setattr(qz, "HEADS_FIRST", not qz.HEADS_FIRST)
     st2 = kv_stats(k, v, smooth_k=True, smooth_v=True)
     for x, y in zip((st.mu_k, st.mu_v, st.v_amax), (st2.mu_k, st2.mu_v, st2.v_amax)):
@@ -315,27 +315,3 @@ def test_grid_order_and_loop_form_give_the_same_bits(monkeypatch):
     for name in ("q_scale", "k_scale", "v_scale", "v_corr"):
         assert torch.equal(getattr(a, name), getattr(b, name))
 
-
-def test_exp2_polynomial_of_the_fma_path():
-    """The exp_poly PTX (attention_fp8._exp2_asm), replayed in float32 torch: relative error
-    <= 8e-5 against 2^x on the softmax's range [-125, 0], and -inf gives a value that E4M3
-    rounds to zero. (The interpreter has no inline asm; the GPU tests run the PTX itself.)"""
-    import numpy as np
-
-    from workbench.kernels.attention_fp8 import EXP2_POLY_COEFFS, _exp2_asm
-
-    c3, c2, c1, c0 = (torch.tensor(np.uint32(int(h[2:], 16)).view(np.float32))
-                      for h in EXP2_POLY_COEFFS)
-    x = torch.cat([torch.linspace(-125.0, 0.0, 200001), torch.tensor([-float("inf"), -200.0])])
-    t = torch.clamp(x, min=-125.0)
-    j = (t + 12582912.0) - 12582912.0  # round to nearest, as add.rn / sub.rn in float32
-    f = t - j
-    p = (c3 * f + c2) * f + c1
-    p = p * f + c0
-    y = torch.ldexp(p, j.int())
-    exact = torch.exp2(x.double())
-    rel = ((y.double() - exact) / exact)[:-2].abs().max()
-    assert rel <= 8e-5, float(rel)
-    assert float(y[-1]) < 2.0**-120 and torch_round_e4m3(y[-2:]).eq(0).all()
-    asm = _exp2_asm(4)
-    assert asm.count("ex2.approx.ftz.f32") == 3 and asm.count("fma.rn.ftz.f32") == 3

@@ -38,51 +38,6 @@ from .e4m3 import interpreting, round_to_bf16, round_unit_to_e4m3
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
-# exp2 on the FMA pipe (FA4's trick, for EXP_POLY > 0): 2^x = 2^j * poly(f), j = round(x),
-# f = x - j in [-0.5, 0.5]; degree-3 minimax for the relative error (7.5e-5 max; P is then rounded
-# to E4M3, whose half spacing is 6%). x is clamped at -125 so that 2^j stays a normal float (masked
-# keys give 2^-125 instead of 0: below E4M3's smallest subnormal, so P rounds to 0 exactly; the
-# row sum gains < 1e-37). The round uses the 1.5 * 2^23 trick, whose low mantissa bits then hold j.
-EXP2_POLY_COEFFS = ("0f3D61FB0E", "0f3E786EAA", "0f3F31798D", "0f3F7FFB4B")  # c3, c2, c1, c0
-
-
-def _exp2_asm(pack: int) -> str:
-    """PTX for `pack` elements: the first pack - 1 on MUFU (ex2.approx), the last one on FMAs."""
-    c3, c2, c1, c0 = EXP2_POLY_COEFFS
-    x, y = f"${2 * pack - 1}", f"${pack - 1}"
-    mufu = "".join(f"ex2.approx.ftz.f32 ${i}, ${pack + i};\n" for i in range(pack - 1))
-    return ("{\n.reg .b32 t, j, f, p, e;\n" + mufu
-            + f"max.ftz.f32 t, {x}, 0fC2FA0000;\n"
-            + "add.rn.ftz.f32 j, t, 0f4B400000;\n"
-            + "sub.rn.ftz.f32 f, j, 0f4B400000;\n"
-            + "sub.rn.ftz.f32 f, t, f;\n"
-            + f"fma.rn.ftz.f32 p, f, {c3}, {c2};\n"
-            + f"fma.rn.ftz.f32 p, p, f, {c1};\n"
-            + f"fma.rn.ftz.f32 p, p, f, {c0};\n"
-            + "shl.b32 e, j, 23;\n"
-            + f"add.s32 {y}, p, e;\n}}")
-
-
-EXP2_ASM_4: tl.constexpr = tl.constexpr(_exp2_asm(4))
-EXP2_ASM_8: tl.constexpr = tl.constexpr(_exp2_asm(8))
-EXP2_CONS_4: tl.constexpr = tl.constexpr(",".join(["=r"] * 4 + ["r"] * 4))
-EXP2_CONS_8: tl.constexpr = tl.constexpr(",".join(["=r"] * 8 + ["r"] * 8))
-
-
-@triton.jit
-def _exp2_p(x, EXP_POLY: tl.constexpr):
-    """2^x for the P tile: MUFU only (EXP_POLY = 0), or one element in EXP_POLY (4 or 8) on the
-    FMA pipe (GPU only; the interpreter has no inline asm)."""
-    if EXP_POLY == 4:
-        return tl.inline_asm_elementwise(EXP2_ASM_4, EXP2_CONS_4, [x], dtype=tl.float32,
-                                         is_pure=True, pack=4)
-    elif EXP_POLY == 8:
-        return tl.inline_asm_elementwise(EXP2_ASM_8, EXP2_CONS_8, [x], dtype=tl.float32,
-                                         is_pure=True, pack=8)
-    else:
-        return tl.math.exp2(x)
-
-
 @triton.jit
 def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
              HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
@@ -101,20 +56,18 @@ def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
 def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
-               LAZY_TAU: tl.constexpr, PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr,
-               EXP_POLY: tl.constexpr):
+               LAZY_TAU: tl.constexpr, PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr):
     """One key tile of the online softmax. Returns the updated (acc, l_i, m_i)."""
     raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
     return _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n, BLOCK_N,
-                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD,
-                       EXP_POLY)
+                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
 
 
 @triton.jit
 def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
                 BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_PV: tl.constexpr, LAZY_TAU: tl.constexpr,
-                PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr, EXP_POLY: tl.constexpr):
+                PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr):
     """Online softmax of one tile's raw scores [BLOCK_M, BLOCK_N] and its P @ V."""
     # The row max m is kept in "t units" (raw score * K scale); the Q-row factor qs (Q scale *
     # softmax scale * log2 e, > 0) enters through one FMA per element: p = 2^(x*f - m*qs).
@@ -165,12 +118,12 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
             acc = acc * alpha[:, None]
             l_i = l_i * alpha
             m_i = m_cand
-        p = _exp2_p(tl.fma(x, f, -(m_i * qs)[:, None]), EXP_POLY)
+        p = tl.math.exp2(tl.fma(x, f, -(m_i * qs)[:, None]))
         l_i = l_i + tl.sum(p, axis=1)
     else:
         mq = m_cand * qs
         alpha = tl.math.exp2(m_i * qs - mq)
-        p = _exp2_p(tl.fma(x, f, -mq[:, None]), EXP_POLY)
+        p = tl.math.exp2(tl.fma(x, f, -mq[:, None]))
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not PV_FMA:
             acc = acc * alpha[:, None]
@@ -218,7 +171,7 @@ def _fp8_attn_fwd_kernel(
     IMP_PV: tl.constexpr,
     WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
     LAZY_TAU: tl.constexpr, WARP_SPEC: tl.constexpr, PV_FMA: tl.constexpr,
-    SK_FOLD: tl.constexpr, EXP_POLY: tl.constexpr, INTERPRET: tl.constexpr,
+    SK_FOLD: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -263,7 +216,7 @@ def _fp8_attn_fwd_kernel(
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD, EXP_POLY)
+                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
             j += 1
     else:
         for j in tl.range(0, n_full, warp_specialize=WARP_SPEC):
@@ -271,7 +224,7 @@ def _fp8_attn_fwd_kernel(
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD, EXP_POLY)
+                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
     # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked to -inf).
     if n_full * BLOCK_N < S:
         n0 = n_full * BLOCK_N
@@ -279,7 +232,7 @@ def _fp8_attn_fwd_kernel(
                         HEAD_D, BLOCK_N, USE_TMA)
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                                    BLOCK_N, SCALE_BLOCK, True, ROUND_P, IMP_QK, IMP_PV,
-                                   LAZY_TAU, PV_FMA, SK_FOLD, EXP_POLY)
+                                   LAZY_TAU, PV_FMA, SK_FOLD)
 
     # Epilogue: V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32.
     vs = tl.load(VS + bhk * HEAD_D + d)
@@ -345,7 +298,6 @@ def fp8_attention_fwd(
     maxnreg: int | None = None,
     flush: str = "triton",
     sk_fold: bool = False,
-    exp_poly: int = 0,
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
@@ -365,9 +317,6 @@ def fp8_attention_fwd(
     put s_k into the exponent's per-row factor (qs * s_k per half) instead of multiplying every
     score by s_k: the same row max, one FP32 multiply per score fewer; the exponent's argument
     rounds differently in the last bit (x * fl(qs * s_k) vs fl(x * s_k) * qs).
-    exp_poly: 0 = every exponential of P on the MUFU unit; 4 or 8 = one in exp_poly on the FMA
-    pipe (degree-3 polynomial, relative error <= 7.5e-5; see EXP2_POLY_COEFFS). GPU only: the
-    interpreter runs exp2.
     """
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
@@ -388,8 +337,6 @@ def fp8_attention_fwd(
     if pv_fma and max(D, block_n) > max_imprecise:
         raise ValueError(f"flush='fma' flushes after head_dim={D} / block_n={block_n} FP8 terms, "
                          f"more than max_imprecise={max_imprecise}; use flush='triton'")
-    if exp_poly not in (0, 4, 8):
-        raise ValueError(f"exp_poly must be 0, 4 or 8, got {exp_poly!r}")
     if lazy_tau > 8:
         raise ValueError("lazy_tau > 8 lets P exceed 256 (E4M3 saturates at 448)")
     if out is None:
@@ -417,7 +364,6 @@ def fp8_attention_fwd(
         IMP_QK=-1 if pv_fma else min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n),
         WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=tma, LAZY_TAU=float(lazy_tau),
         WARP_SPEC=bool(warp_specialize), PV_FMA=pv_fma, SK_FOLD=bool(sk_fold),
-        EXP_POLY=0 if interp else int(exp_poly),
         INTERPRET=interp, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out, lse

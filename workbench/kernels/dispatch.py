@@ -38,7 +38,7 @@ from .quantize import quantize_qkv
 # per-element multiply by s_k; scripts/sass_stats.py).
 TUNING = {"block_m": 64, "block_n": 128, "num_warps": 4, "num_stages": 2, "max_imprecise": 128,
           "round_p": None, "use_tma": True, "lazy_tau": 0.0, "maxnreg": 168, "flush": "fma",
-          "sk_fold": True, "exp_poly": 0}
+          "sk_fold": True}
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 

@@ -21,6 +21,7 @@ exactly. So one read of V gives mu_V and the V channel scales.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,14 +34,14 @@ from .e4m3 import interpreting
 # (no spills) and many independent loads in flight. H200 sweep 2026-11-30 (K+V read): 64x4 w4
 # 1.86 TB/s = 44% of copy; 32x8 w4 58%; 16x32 w4 2.98 TB/s = 70%.
 # H200 2026-11-30 (second session, two calls): 8 x 64 = 0.289 ms = 76-77% of copy vs 16 x 32 71%.
-# Third session (H200, same run as the bench of 73dbf6a): heads-first grid order and 8 x 128 =
-# 0.276 ms = 80% of copy (8 x 64 head order 0.289 ms = 76%). An unrolled 128-step loop compiles for
-# ~40 s on the first call; STATS_UNROLL = False is a compiler-pipelined loop (STATS_STAGES).
+# Third session (H200): heads-first grid order and 8 x 128 fully unrolled = 0.276 / 0.284 ms =
+# 80% / 77% of copy in two calls (8 x 64 head order 0.289 ms = 76%); a plain (not unrolled) loop
+# was slower (63-73%) and the fully unrolled one compiles for ~40 s per specialization.
 STATS_ROWS = 8  # tokens per sub-tile
 STATS_SUB = 128  # sub-tiles per program
 STATS_WARPS = 4
-STATS_UNROLL = True
-STATS_STAGES = 3
+STATS_UNROLL = 32  # sub-tiles unrolled per loop step (gcd with STATS_SUB)
+STATS_STAGES = 1  # software pipelining of the outer loop (1 = none)
 FINAL_CHUNKS = 8  # partial rows added per finalize step
 # "head": one program per (token chunk, head), rows of D channels 64 * H * D bytes apart.
 # "wide": one program per (token chunk, column block of the token row [H * D]), so each load is a
@@ -86,6 +87,7 @@ def _kv_partial_kernel(
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr,
     SUM_K: tl.constexpr, SUM_V: tl.constexpr, HEADS_FIRST: tl.constexpr, UNROLL: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     if HEADS_FIRST:
         bh = tl.program_id(0)
@@ -101,18 +103,14 @@ def _kv_partial_kernel(
     vmax = tl.full([ROWS, HEAD_D], float("-inf"), tl.float32)
     vmin = tl.full([ROWS, HEAD_D], float("inf"), tl.float32)
     t0 = c * (ROWS * N_SUB) + tl.arange(0, ROWS)
-    # UNROLL: the sub-tile loop unrolled (all loads visible to the scheduler; compile time grows
-    # with N_SUB); else a loop the compiler pipelines. Same order of additions either way.
-    if UNROLL:
-        for i in tl.static_range(N_SUB):
+    # N_SUB sub-tiles as N_SUB / UNROLL loop steps of UNROLL unrolled sub-tiles: the unrolled
+    # loads are in flight together; the outer loop keeps the compile time flat (fully unrolled,
+    # 128 sub-tiles compiled for ~40 s per specialization). Same order of additions for any UNROLL.
+    for g in tl.range(0, N_SUB // UNROLL, num_stages=STAGES):
+        for i in tl.static_range(UNROLL):
             ksum, vsum, vmax, vmin = _kv_partial_step(
-                K, V, ksum, vsum, vmax, vmin, t0 + i * ROWS, S, b, h, d, stride_kb, stride_ks,
-                stride_kh, stride_vb, stride_vs, stride_vh, SUM_K, SUM_V)
-    else:
-        for i in range(N_SUB):
-            ksum, vsum, vmax, vmin = _kv_partial_step(
-                K, V, ksum, vsum, vmax, vmin, t0 + i * ROWS, S, b, h, d, stride_kb, stride_ks,
-                stride_kh, stride_vb, stride_vs, stride_vh, SUM_K, SUM_V)
+                K, V, ksum, vsum, vmax, vmin, t0 + (g * UNROLL + i) * ROWS, S, b, h, d,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, SUM_K, SUM_V)
     o = (bh * n_chunks + c) * HEAD_D + d
     if SUM_K:
         tl.store(PK + o, tl.sum(ksum, axis=0))
@@ -227,6 +225,7 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool
     """
     B, S, Hkv, D = k.shape
     assert v.shape == k.shape and k.stride(-1) == 1 and v.stride(-1) == 1
+    unroll = math.gcd(STATS_UNROLL, STATS_SUB)
     wide = (STATS_LAYOUT == "wide" and k.stride(2) == D and v.stride(2) == D)
     chunk = WIDE_ROWS * WIDE_SUB if wide else STATS_ROWS * STATS_SUB
     n_chunks = triton.cdiv(S, chunk)
@@ -248,8 +247,7 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             HEAD_D=D, ROWS=STATS_ROWS, N_SUB=STATS_SUB, SUM_K=smooth_k, SUM_V=smooth_v,
-            HEADS_FIRST=hf, UNROLL=bool(STATS_UNROLL), num_warps=STATS_WARPS,
-            **({} if STATS_UNROLL else {"num_stages": STATS_STAGES}),
+            HEADS_FIRST=hf, UNROLL=unroll, STAGES=STATS_STAGES, num_warps=STATS_WARPS,
         )
     out = torch.zeros((3, B, Hkv, D), **f32)
     _kv_finalize_kernel[(B * Hkv,)](
