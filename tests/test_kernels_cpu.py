@@ -78,7 +78,7 @@ def test_explicit_roundings_match_torch_bitwise():
     assert torch.equal(z, x.to(torch.bfloat16).float())
 
 
-@pytest.mark.parametrize("S", [64, 300, 1100])  # 1100: two full 512-token chunks + a partial one
+@pytest.mark.parametrize("S", [64, 300, 1100])  # 1100: a full 1024-token chunk + a partial one
 def test_kv_stats_match_torch_and_are_deterministic(S):
     _, k, v = biased_qkv(B=2, S=S)
     a = kv_stats(k, v, smooth_k=True, smooth_v=True)

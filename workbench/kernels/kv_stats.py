@@ -34,13 +34,14 @@ from .e4m3 import interpreting
 # (no spills) and many independent loads in flight. H200 sweep 2026-11-30 (K+V read): 64x4 w4
 # 1.86 TB/s = 44% of copy; 32x8 w4 58%; 16x32 w4 2.98 TB/s = 70%.
 # H200 2026-11-30 (second session, two calls): 8 x 64 = 0.289 ms = 76-77% of copy vs 16 x 32 71%.
-# Third session (H200): heads-first grid order and 8 x 128 fully unrolled = 0.276 / 0.284 ms =
-# 80% / 77% of copy in two calls (8 x 64 head order 0.289 ms = 76%); a plain (not unrolled) loop
-# was slower (63-73%) and the fully unrolled one compiles for ~40 s per specialization.
-STATS_ROWS = 8  # tokens per sub-tile
-STATS_SUB = 128  # sub-tiles per program
+# Third session (H200, 1024-token chunks, heads-first grid order): 16-token sub-tiles, 64 per
+# program as 4 loop steps of 16 unrolled = 0.265 ms = 83% of copy, 1.3 s to compile; 8 x 128 fully
+# unrolled 0.276-0.284 ms (77-80%) but ~40 s to compile per specialization; 8 x 128 in steps of
+# 64 / 32 / 16: 82% / 72% / 52%; a plain loop 63-73%; the old 8 x 64 head-order form 76%.
+STATS_ROWS = 16  # tokens per sub-tile
+STATS_SUB = 64  # sub-tiles per program
 STATS_WARPS = 4
-STATS_UNROLL = 32  # sub-tiles unrolled per loop step (gcd with STATS_SUB)
+STATS_UNROLL = 16  # sub-tiles unrolled per loop step (gcd with STATS_SUB)
 STATS_STAGES = 1  # software pipelining of the outer loop (1 = none)
 FINAL_CHUNKS = 8  # partial rows added per finalize step
 # "head": one program per (token chunk, head), rows of D channels 64 * H * D bytes apart.
