@@ -4,7 +4,8 @@ made of it: registers, shared memory, spills and the instruction mix of the SASS
     python scripts/sass_stats.py '{"pv_fma": true, "exp_f16": true}' [...]
 
 Each argument is a JSON object of overrides of dispatch.TUNING's kernel constants (block_m, block_n,
-num_warps, num_stages, maxnreg, use_tma, lazy_tau, flush, max_imprecise). Used to check
+num_warps, num_stages, maxnreg, use_tma, lazy_tau, flush, max_imprecise, sk_fold) and perm_p (V^T
+in P's register order; default quantize.V_PERM). Used to check
 a kernel change (spills, MUFU / FP32 op counts) before spending GPU time on it.
 """
 
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from workbench.kernels.attention_fp8 import _fp8_attn_fwd_kernel as KERNEL  # noqa: E402
 from workbench.kernels.dispatch import TUNING  # noqa: E402
+from workbench.kernels.quantize import V_PERM  # noqa: E402
 
 OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F2F", "STL", "LDL",
        "SHFL", "BAR", "STS", "LDS"]
@@ -47,7 +49,7 @@ def compile_sm90(cfg: dict):
                IMP_PV=cfg.get("imp_pv", min(imp, bn)), PV_FMA=cfg.get("flush") == "fma",
                WRITE_LSE=False, OUT_F32=False,
                USE_TMA=tma, LAZY_TAU=float(cfg["lazy_tau"]), WARP_SPEC=False,
-               SK_FOLD=bool(cfg.get("sk_fold", False)),
+               SK_FOLD=bool(cfg.get("sk_fold", False)), PERM_P=bool(cfg.get("perm_p", V_PERM)),
                INTERPRET=False)
     if not tma:
         cst.update(qd=None, kd=None, vd=None)

@@ -34,7 +34,7 @@ from workbench.kernels.attention_fp8 import fp8_attention_fwd  # noqa: E402
 from workbench.kernels.e4m3 import interpreting, round_to_bf16, round_to_e4m3  # noqa: E402
 from workbench.kernels.kv_stats import kv_stats  # noqa: E402
 from workbench.kernels.merge import merge_output  # noqa: E402
-from workbench.kernels.quantize import quantize_qkv  # noqa: E402
+from workbench.kernels.quantize import quantize_qkv, v8t_in_token_order  # noqa: E402
 
 if not interpreting():
     pytest.skip("triton kernels were imported without TRITON_INTERPRET=1", allow_module_level=True)
@@ -107,13 +107,14 @@ def test_quantized_operands_equal_the_emulation(name):
     sk = qq.k_scale.repeat_interleave(64, 2)[..., None]
     q_dq = (qq.q8.float() * sq)[:, :, :S].transpose(1, 2)
     k_dq = (qq.k8.float() * sk)[:, :, :S].transpose(1, 2) + emu.mu_k[:, None]
-    v_dq = (qq.v8t.float()[..., :S].transpose(2, 3) * qq.v_scale[:, :, None]).transpose(1, 2)
+    v8t = v8t_in_token_order(qq)
+    v_dq = (v8t.float()[..., :S].transpose(2, 3) * qq.v_scale[:, :, None]).transpose(1, 2)
     assert torch.equal(q_dq, emu.q_dq)
     assert torch.equal(k_dq, emu.k_dq)
     torch.testing.assert_close(v_dq + qq.v_corr[:, None], emu.v_dq, rtol=0, atol=1e-5)
     torch.testing.assert_close(qq.v_corr, emu.v_corr, rtol=1e-5, atol=1e-6)
     # pad tokens are exact zeros so the attention main loop needs no load masks
-    assert not qq.k8[:, :, S:].float().any() and not qq.v8t[..., S:].float().any()
+    assert not qq.k8[:, :, S:].float().any() and not v8t[..., S:].float().any()
     if r.v_bias_correction:  # the correction restores V's token mean
         eff_mean = (v_dq + qq.v_corr[:, None]).mean(1)
         torch.testing.assert_close(eff_mean, v.float().mean(1), rtol=0, atol=1e-5)
@@ -315,3 +316,23 @@ def test_grid_order_and_loop_form_give_the_same_bits(monkeypatch):
     for name in ("q_scale", "k_scale", "v_scale", "v_corr"):
         assert torch.equal(getattr(a, name), getattr(b, name))
 
+
+
+def test_permuted_v_and_p_operand_give_the_attention_of_token_order(monkeypatch):
+    """V_PERM stores each 32-token group of V^T in P's register order and the kernel permutes P
+    the same way (PERM_P): the same attention as the token order, up to FP32 summation order, on
+    a partial last group (S = 300); the stored columns are a permutation within each group."""
+    from workbench.kernels import quantize as qz
+
+    q, k, v = biased_qkv(B=1, S=300, H=2, D=64, seed=4)
+    kw = dict(block_m=64, block_n=128)
+    a = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", **kw)
+    monkeypatch.setattr(qz, "V_PERM", False)
+    b = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected", **kw)
+    diff = (a.float() - b.float()).abs()
+    assert float(diff.max()) <= float(b.float().abs().max()) * 2.0**-7  # BF16 rounding only
+    order = qz.v_token_order(512, True)
+    assert sorted(order.tolist()) == list(range(512))
+    assert bool(((order // 32) == (torch.arange(512) // 32)).all())
+    # lane 0's A-operand keys 0-3 and 16-19 = its accumulator columns 0, 1, 8, 9, 16, 17, 24, 25
+    assert order[:4].tolist() + order[16:20].tolist() == [0, 1, 8, 9, 16, 17, 24, 25]

@@ -79,6 +79,7 @@ def test_stats_kernel_is_bitwise_deterministic_and_exact_enough():
 
 def test_quantized_operands_match_emulation_bitwise():
     from workbench.attention import recipe_attention
+    from workbench.kernels import quantize as qz
     from workbench.kernels.kv_stats import kv_stats
     from workbench.kernels.quantize import quantize_qkv
 
@@ -96,7 +97,8 @@ def test_quantized_operands_match_emulation_bitwise():
     # fl(1/448), see quantize._quant_tokens_kernel) and divides x / scale with IEEE div_rn.
     assert torch.equal(k_dq, emu.k_dq)
     assert torch.equal(q_dq, emu.q_dq)
-    v_op = (qq.v8t.float() * qq.v_scale[..., None])[..., :1000].permute(0, 3, 1, 2)
+    v8t = qz.v8t_in_token_order(qq)
+    v_op = (v8t.float() * qq.v_scale[..., None])[..., :1000].permute(0, 3, 1, 2)
     assert torch.equal(v_op + emu.v_corr[:, None], emu.v_dq)  # V codes and channel scales
     torch.testing.assert_close(st.mu_v, emu.mu_v, rtol=1e-5, atol=1e-5)
 

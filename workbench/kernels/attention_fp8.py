@@ -56,18 +56,20 @@ def _load_kv(K8, V8T, kd, vd, kbase, vbase, n0, S_pad, offs_n, d,
 def _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
-               LAZY_TAU: tl.constexpr, PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr):
+               LAZY_TAU: tl.constexpr, PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr,
+               PERM_P: tl.constexpr):
     """One key tile of the online softmax. Returns the updated (acc, l_i, m_i)."""
     raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
     return _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n, BLOCK_N,
-                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
+                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD,
+                       PERM_P)
 
 
 @triton.jit
 def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
                 BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_PV: tl.constexpr, LAZY_TAU: tl.constexpr,
-                PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr):
+                PV_FMA: tl.constexpr, SK_FOLD: tl.constexpr, PERM_P: tl.constexpr):
     """Online softmax of one tile's raw scores [BLOCK_M, BLOCK_N] and its P @ V."""
     # The row max m is kept in "t units" (raw score * K scale); the Q-row factor qs (Q scale *
     # softmax scale * log2 e, > 0) enters through one FMA per element: p = 2^(x*f - m*qs).
@@ -137,14 +139,27 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
         # instruction reads a wgmma accumulator mid-pipeline (with triton's bound, ptxas 12.x/13
         # serializes every wgmma of the kernel: C7514, "non wgmma instructions reading
         # accumulator registers").
-        pv = _dot_fp8(p.to(tl.float8e4nv), v, None, -1)
+        pv = _dot_fp8(_p_operand(p, BLOCK_N, PERM_P), v, None, -1)
         if LAZY_TAU > 0:
             acc = acc + pv
         else:
             acc = acc * alpha[:, None] + pv
     else:
-        acc = _dot_fp8(p.to(tl.float8e4nv), v, acc, IMP_PV)
+        acc = _dot_fp8(_p_operand(p, BLOCK_N, PERM_P), v, acc, IMP_PV)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _p_operand(p, BLOCK_N: tl.constexpr, PERM_P: tl.constexpr):
+    """P [BLOCK_M, BLOCK_N] float32 -> the E4M3 A operand of P @ V. PERM_P: reorder the keys
+    within every 32-key group as k -> (k4, k1, k3, k2, k0) bits, the order in which a thread's
+    wgmma accumulator registers already hold the operand's keys; V^T is stored in the same order
+    (quantize.V_PERM), so the product is unchanged and the registers need not move."""
+    if PERM_P:
+        bm: tl.constexpr = p.shape[0]
+        p5 = tl.reshape(p, [bm, BLOCK_N // 32, 2, 2, 2, 2, 2])
+        p = tl.reshape(tl.permute(p5, (0, 1, 2, 4, 5, 3, 6)), [bm, BLOCK_N])
+    return p.to(tl.float8e4nv)
 
 
 @triton.jit
@@ -171,7 +186,7 @@ def _fp8_attn_fwd_kernel(
     IMP_PV: tl.constexpr,
     WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
     LAZY_TAU: tl.constexpr, WARP_SPEC: tl.constexpr, PV_FMA: tl.constexpr,
-    SK_FOLD: tl.constexpr, INTERPRET: tl.constexpr,
+    SK_FOLD: tl.constexpr, PERM_P: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -216,7 +231,7 @@ def _fp8_attn_fwd_kernel(
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
+                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD, PERM_P)
             j += 1
     else:
         for j in tl.range(0, n_full, warp_specialize=WARP_SPEC):
@@ -224,7 +239,7 @@ def _fp8_attn_fwd_kernel(
                             HEAD_D, BLOCK_N, USE_TMA)
             acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, j * BLOCK_N, S,
                                        offs_n, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD)
+                                       IMP_QK, IMP_PV, LAZY_TAU, PV_FMA, SK_FOLD, PERM_P)
     # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked to -inf).
     if n_full * BLOCK_N < S:
         n0 = n_full * BLOCK_N
@@ -232,7 +247,7 @@ def _fp8_attn_fwd_kernel(
                         HEAD_D, BLOCK_N, USE_TMA)
         acc, l_i, m_i = _attn_tile(acc, l_i, m_i, q, qs, k, v, SK, skbase, n0, S, offs_n,
                                    BLOCK_N, SCALE_BLOCK, True, ROUND_P, IMP_QK, IMP_PV,
-                                   LAZY_TAU, PV_FMA, SK_FOLD)
+                                   LAZY_TAU, PV_FMA, SK_FOLD, PERM_P)
 
     # Epilogue: V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32.
     vs = tl.load(VS + bhk * HEAD_D + d)
@@ -364,6 +379,7 @@ def fp8_attention_fwd(
         IMP_QK=-1 if pv_fma else min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n),
         WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=tma, LAZY_TAU=float(lazy_tau),
         WARP_SPEC=bool(warp_specialize), PV_FMA=pv_fma, SK_FOLD=bool(sk_fold),
+        PERM_P=bool(getattr(qkv, "v_perm", False)),
         INTERPRET=interp, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out, lse

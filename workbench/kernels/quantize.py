@@ -17,7 +17,9 @@ Output layouts, chosen for the attention kernel (``attention_fp8``):
 - Q8, K8: [B, H, S_pad, D] float8_e4m3fn, head-major so one head's tokens are contiguous rows of
   D bytes (a plain 2-D [B*H*S_pad, D] view for loads or a TMA descriptor); scales [B, H, S_pad/64].
 - V8t: [B, Hkv, D, S_pad], V TRANSPOSED: Hopper's FP8 wgmma needs both operands K-major, and for
-  P @ V the reduction runs over tokens, so tokens must be contiguous.
+  P @ V the reduction runs over tokens, so tokens must be contiguous. With ``V_PERM`` the tokens
+  of each 32-token group are stored in the order in which the attention kernel's P registers
+  hold them (``v_token_order``; ``v8t_in_token_order`` undoes it), so P @ V needs no shuffles.
 - S_pad = S rounded up to ``SEQ_PAD`` (256); pad tokens are written as exact zeros (scale 1) by the
   same kernels, so the attention kernel's main loop needs no masks on loads.
 
@@ -70,6 +72,10 @@ CORR_BLOCK_T = 512
 # read whole [H * D] token rows of the input. H200, H3 shape, third session: whole quantizer
 # 0.744 ms (tokens first, 8 x 256 correction tiles) -> 0.730 ms (heads first, 4 x 512)
 HEADS_FIRST = True
+# V^T's tokens in the order of P's wgmma registers within each 32-token group (see _v_src_token):
+# the attention kernel then feeds P to P @ V without the register shuffles of a layout conversion
+# (main loop 563 -> 512 SASS instructions per key tile)
+V_PERM = True
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class QuantizedQKV:
     v_scale: torch.Tensor  # [B, Hkv, D]
     v_corr: torch.Tensor  # [B, Hkv, D] float32, added to the FP32 output of the quantized rows
     seq_len: int
+    v_perm: bool = False  # v8t's tokens in the P-operand order of each 32-token group
 
 
 def padded_len(s: int) -> int:
@@ -159,10 +166,12 @@ def _quant_v_kernel(
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, CENTER: tl.constexpr,
     TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    PERM: tl.constexpr,
 ):
     """One program = one (batch, head, ROWS * N_SUB-token chunk): center, round with channel
-    scales, store transposed. (No per-channel sum here: with one, triton computes the whole tile
-    twice, once per layout; the correction sums the stored codes instead, see _v_corr_kernel.)"""
+    scales, store transposed (PERM: column j holds token _v_src_token(j)). No per-channel sum
+    here: with one, triton computes the whole tile twice, once per layout; the correction sums
+    the stored codes instead (_v_corr_kernel)."""
     if HEADS_FIRST:
         bh = tl.program_id(0)
         c = tl.program_id(1)
@@ -178,12 +187,13 @@ def _quant_v_kernel(
         mu = tl.load(MU + bh * HEAD_D + d)
     if TRANS_STORE == 2:
         _quant_v_transposed(V, OUT8T, c, bh, b, h, S, S_pad, stride_vb, stride_vs, stride_vh,
-                            d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND)
+                            d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND, PERM)
         return
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
-        ok = (t < S)[:, None]
-        x = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
+        src = _v_src_token(t, PERM)
+        ok = (src < S)[:, None]
+        x = tl.load(V + b * stride_vb + h * stride_vh + src[:, None] * stride_vs + d[None, :],
                     mask=ok, other=0.0).to(tl.float32)
         x = tl.where(ok, x - mu[None, :], 0.0)
         _, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape)), HW_ROUND)
@@ -196,16 +206,31 @@ def _quant_v_kernel(
 
 
 @triton.jit
+def _v_src_token(t, PERM: tl.constexpr):
+    """The token stored at column t of V^T. PERM: within each 32-token group, column bits
+    (k4, k3, k2, k1, k0) hold the token with bits (k4, k1, k3, k2, k0): the key order in which
+    a thread's wgmma accumulator registers hold the FP8 A operand of P @ V (see
+    attention_fp8._p_operand), so P needs no register shuffles."""
+    if PERM:
+        k = t & 31
+        return ((t - k) + (k & 16) + ((k & 2) << 2) + ((k & 8) >> 1) + ((k & 4) >> 1)
+                + (k & 1))
+    else:
+        return t
+
+
+@triton.jit
 def _quant_v_transposed(V, OUT8T, c, bh, b, h, S, S_pad, stride_vb, stride_vs, stride_vh, d,
                         mu, s, HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr,
-                        HW_ROUND: tl.constexpr):
+                        HW_ROUND: tl.constexpr, PERM: tl.constexpr):
     """TRANS_STORE = 2: transpose the loaded 16-bit tile (2-byte granules through shared memory
     instead of the 1-byte FP8 codes) and quantize in the [D, ROWS] layout of the store."""
     for i in tl.static_range(N_SUB):
         t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
-        ok = (t < S)[None, :]
-        xr = tl.load(V + b * stride_vb + h * stride_vh + t[:, None] * stride_vs + d[None, :],
-                     mask=(t < S)[:, None], other=0.0)
+        src = _v_src_token(t, PERM)  # rows are loaded in the stored order: the store stays dense
+        ok = (src < S)[None, :]
+        xr = tl.load(V + b * stride_vb + h * stride_vh + src[:, None] * stride_vs + d[None, :],
+                     mask=(src < S)[:, None], other=0.0)
         x = tl.where(ok, tl.trans(xr).to(tl.float32) - mu[:, None], 0.0)
         _, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)), HW_ROUND)
         tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], q8)
@@ -255,7 +280,24 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
     v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)
     v_corr = v_correction(v8t, v_scale, mu_v, q.shape[1], mode)
-    return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, q.shape[1])
+    return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, q.shape[1], bool(V_PERM))
+
+
+def v_token_order(s_pad: int, perm: bool) -> torch.Tensor:
+    """[s_pad] int64: the token held by each column of V^T (``_v_src_token`` in torch)."""
+    t = torch.arange(s_pad)
+    if not perm:
+        return t
+    k = t & 31
+    return (t - k) + (k & 16) + ((k & 2) << 2) + ((k & 8) >> 1) + ((k & 4) >> 1) + (k & 1)
+
+
+def v8t_in_token_order(qkv: QuantizedQKV) -> torch.Tensor:
+    """qkv.v8t [B, Hkv, D, S_pad] with its columns put back in token order (a copy)."""
+    order = v_token_order(qkv.v8t.shape[-1], qkv.v_perm).to(qkv.v8t.device)
+    out = torch.empty_like(qkv.v8t)
+    out[..., order] = qkv.v8t
+    return out
 
 
 def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None):
@@ -293,7 +335,7 @@ def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor)
         v.stride(0), v.stride(1), v.stride(2),
         HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=mu_v is not None,
         TRANS_STORE=int(V_TRANS_STORE), HW_ROUND=HW_ROUND and not interp, HEADS_FIRST=hf,
-        num_warps=V_WARPS,
+        PERM=bool(V_PERM), num_warps=V_WARPS,
     )
     return v8t, v_scale
 
