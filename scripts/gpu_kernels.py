@@ -9,7 +9,9 @@
    128-imprecise config with the same accuracy becomes dispatch.TUNING for step 3
 3. side by side (workbench bench): ceilings, SDPA cuDNN/flash, cuDNN FP8, ours at 4 shapes
    -> $OUT/bench.json, $OUT/bench.md
-Prints a short table last. Env: SHAPES="1,8192,56,128 ..." overrides the shapes; SKIP_TESTS=1.
+Prints a short table last. Env: SHAPES="1,8192,56,128 ..." overrides the shapes; SKIP_TESTS=1;
+MODE=sweep CONFIGS='[["label", {"block_m": 128, ...}], ...]' = the attention kernel at the H3 shape
+for the committed default and those overrides only.
 """
 
 from __future__ import annotations
@@ -151,6 +153,10 @@ def sweep(short=False, flush=False):
             configs.append(("committed default", cur))
         configs.append(("committed default, max_num_imprecise_acc=0 (full precision)",
                         {**cur, "max_imprecise": 0, "flush": "triton"}))
+    if os.environ.get("CONFIGS"):  # JSON [[label, overrides of dispatch.TUNING], ...]
+        base = dict(dispatch.TUNING)
+        extra = [tuple(c) for c in json.loads(os.environ["CONFIGS"])]
+        configs = [("committed default", {})] + extra
     rows = []
     flops = 4.0 * B * H * S * S * D
     out = torch.empty_like(sets[0][0])
@@ -193,7 +199,10 @@ def sweep(short=False, flush=False):
         dispatch.TUNING.clear()
         dispatch.TUNING.update(best["cfg"])
         log(f"chosen TUNING: {best['label']} {dispatch.TUNING}")
-    prep_rows = prep_sweep3(sets) if short else prep_sweep(sets, short=short, flush=flush)
+    if os.environ.get("CONFIGS"):
+        prep_rows = []  # a custom attention sweep only
+    else:
+        prep_rows = prep_sweep3(sets) if short else prep_sweep(sets, short=short, flush=flush)
     qkvs = sets = None  # noqa: F841 - free the sweep buffers
     torch.cuda.empty_cache()
     return rows, best, prep_rows
