@@ -258,24 +258,6 @@ def test_dispatch_support_rules():
         dispatch.fp8_recipe_attention(q, k, v, "fp8_sol_kv_corrected")
 
 
-@pytest.mark.parametrize("cols", [64, 128, 256])
-def test_wide_stats_layout_matches_torch_and_head_layout(cols, monkeypatch):
-    from workbench.kernels import kv_stats as ks
-
-    _, k, v = biased_qkv(B=2, S=300)
-    head = kv_stats(k, v, smooth_k=True, smooth_v=True)
-    monkeypatch.setattr(ks, "STATS_LAYOUT", "wide")
-    monkeypatch.setattr(ks, "WIDE_ROWS", 8)
-    monkeypatch.setattr(ks, "WIDE_SUB", 4)
-    monkeypatch.setattr(ks, "WIDE_COLS", cols)  # 256 > H * D = 128: masked columns
-    wide = kv_stats(k, v, smooth_k=True, smooth_v=True)
-    again = kv_stats(k, v, smooth_k=True, smooth_v=True)
-    torch.testing.assert_close(wide.mu_k, k.float().mean(1), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(wide.mu_v, head.mu_v, rtol=1e-6, atol=1e-6)
-    assert torch.equal(wide.v_amax, (v.float() - wide.mu_v[:, None]).abs().amax(1))
-    assert torch.equal(wide.mu_k, again.mu_k) and torch.equal(wide.mu_v, again.mu_v)
-
-
 @pytest.mark.parametrize("S", [100, 300])
 def test_folded_k_scales_match_the_emulation(S):
     """sk_fold (two K scales per 128-key tile folded into per-half row maxes and the exponent's

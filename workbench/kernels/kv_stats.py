@@ -8,10 +8,9 @@ Torch twin (``workbench.attention.reference.recipe_attention``)::
     v_amax = (v.float() - mu_v[:, None]).abs().amax(dim=1)   # what channel_scales needs
 
 Two launches with a FIXED reduction order, so the same input gives bitwise the same output run to
-run
-(no atomics; the seed saw the diffusion output move when the FP32 summation order changed):
-1. ``_kv_partial_kernel``, grid (token chunks, B*Hkv): each program sums CHUNK tokens of K and V per
-   channel and keeps V's per-channel max and min, into partial buffers [B*Hkv, n_chunks, D].
+run (no atomics; the seed saw the diffusion output move when the FP32 summation order changed):
+1. ``_kv_partial_kernel``, grid (B*Hkv, token chunks): each program sums a chunk of tokens of K and
+   V per channel and keeps V's per-channel max and min, into partial buffers [B*Hkv, n_chunks, D].
 2. ``_kv_finalize_kernel``, grid (B*Hkv,): adds the partials in chunk order and divides by S.
 
 V's centred absmax needs mu_V, which is not known during the pass; it comes from the max and min:
@@ -30,28 +29,23 @@ import triton.language as tl
 
 from .e4m3 import interpreting
 
-# 16-token sub-tiles, 32 per program (512-token chunks), 4 warps: small per-thread accumulators
-# (no spills) and many independent loads in flight. H200 sweep 2026-11-30 (K+V read): 64x4 w4
-# 1.86 TB/s = 44% of copy; 32x8 w4 58%; 16x32 w4 2.98 TB/s = 70%.
-# H200 2026-11-30 (second session, two calls): 8 x 64 = 0.289 ms = 76-77% of copy vs 16 x 32 71%.
-# Third session (H200, 1024-token chunks, heads-first grid order): 16-token sub-tiles, 64 per
-# program as 4 loop steps of 16 unrolled = 0.265 ms = 83% of copy, 1.3 s to compile; 8 x 128 fully
-# unrolled 0.276-0.284 ms (77-80%) but ~40 s to compile per specialization; 8 x 128 in steps of
-# 64 / 32 / 16: 82% / 72% / 52%; a plain loop 63-73%; the old 8 x 64 head-order form 76%.
+# Small per-thread accumulators (no spills) and many independent loads in flight. H200 sweeps,
+# 2026-11-30 (K+V read, % of copy): first session 64x4 44%, 32x8 58%, 16x32 70%; second session
+# 8x64 76-77%. Third session (1024-token chunks, heads-first grid order): 16-token sub-tiles, 64
+# per program as 4 loop steps of 16 unrolled = 0.263-0.265 ms = 83-84% of copy, 1.3 s to compile;
+# 8 x 128 fully unrolled 0.276-0.284 ms (77-80%) but ~40 s to compile per specialization; 8 x 128
+# in steps of 64 / 32 / 16: 82% / 72% / 52%; a plain loop 63-73%.
 STATS_ROWS = 16  # tokens per sub-tile
 STATS_SUB = 64  # sub-tiles per program
 STATS_WARPS = 4
 STATS_UNROLL = 16  # sub-tiles unrolled per loop step (gcd with STATS_SUB)
 STATS_STAGES = 1  # software pipelining of the outer loop (1 = none)
-FINAL_CHUNKS = 8  # partial rows added per finalize step
-# "head": one program per (token chunk, head), rows of D channels 64 * H * D bytes apart.
-# "wide": one program per (token chunk, column block of the token row [H * D]), so each load is a
-# long contiguous run of the row (several heads at once); needs (H, D) contiguous in memory.
 # Grid order: False = consecutive programs walk one head's token chunks; True = they take the
-# heads of one chunk (programs in flight together read whole [Hkv * D] token rows)
+# heads of one chunk, so the programs in flight together read whole [Hkv * D] token rows (what a
+# "wide" program spanning several heads was for: slower in every config, 26-52% of copy; removed,
+# code at e5e0039)
 STATS_HEADS_FIRST = True
-STATS_LAYOUT = "head"  # H200 2026-11-30: every "wide" config was slower (26-52% vs 71% of copy)
-WIDE_ROWS, WIDE_SUB, WIDE_COLS, WIDE_WARPS = 8, 64, 512, 4
+FINAL_CHUNKS = 8  # partial rows added per finalize step
 
 
 @dataclass(frozen=True)
@@ -122,46 +116,6 @@ def _kv_partial_kernel(
 
 
 @triton.jit
-def _kv_partial_wide_kernel(
-    K, V, PK, PV, PVMAX, PVMIN,
-    S, HKV, n_chunks,
-    stride_kb, stride_ks, stride_vb, stride_vs,
-    HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, COLS: tl.constexpr,
-    SUM_K: tl.constexpr, SUM_V: tl.constexpr,
-):
-    """Same partials as _kv_partial_kernel, tiled over contiguous columns of the token row."""
-    c = tl.program_id(0)
-    j = tl.program_id(1)
-    b = tl.program_id(2)
-    col = j * COLS + tl.arange(0, COLS)  # column of the [H * D] token row
-    cok = col < HKV * HEAD_D
-    ksum = tl.zeros([ROWS, COLS], tl.float32)
-    vsum = tl.zeros([ROWS, COLS], tl.float32)
-    vmax = tl.full([ROWS, COLS], float("-inf"), tl.float32)
-    vmin = tl.full([ROWS, COLS], float("inf"), tl.float32)
-    for i in tl.static_range(N_SUB):
-        t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
-        ok = (t < S)[:, None] & cok[None, :]
-        if SUM_K:
-            kp = K + b * stride_kb + t[:, None] * stride_ks + col[None, :]
-            ksum += tl.load(kp, mask=ok, other=0.0).to(tl.float32)
-        vp = V + b * stride_vb + t[:, None] * stride_vs + col[None, :]
-        x = tl.load(vp, mask=ok, other=0.0).to(tl.float32)
-        if SUM_V:
-            vsum += x
-        vmax = tl.maximum(vmax, tl.where(ok, x, float("-inf")))
-        vmin = tl.minimum(vmin, tl.where(ok, x, float("inf")))
-    h = col // HEAD_D
-    o = ((b * HKV + h) * n_chunks + c) * HEAD_D + col % HEAD_D
-    if SUM_K:
-        tl.store(PK + o, tl.sum(ksum, axis=0), mask=cok)
-    if SUM_V:
-        tl.store(PV + o, tl.sum(vsum, axis=0), mask=cok)
-    tl.store(PVMAX + o, tl.max(vmax, axis=0), mask=cok)
-    tl.store(PVMIN + o, tl.min(vmin, axis=0), mask=cok)
-
-
-@triton.jit
 def _finalize_step(PK, PV, PVMAX, PVMIN, base, c0, n_chunks, ksum, vsum, vmax, vmin,
                    HEAD_D: tl.constexpr, CB: tl.constexpr, SUM_K: tl.constexpr,
                    SUM_V: tl.constexpr):
@@ -227,29 +181,18 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool
     B, S, Hkv, D = k.shape
     assert v.shape == k.shape and k.stride(-1) == 1 and v.stride(-1) == 1
     unroll = math.gcd(STATS_UNROLL, STATS_SUB)
-    wide = (STATS_LAYOUT == "wide" and k.stride(2) == D and v.stride(2) == D)
-    chunk = WIDE_ROWS * WIDE_SUB if wide else STATS_ROWS * STATS_SUB
-    n_chunks = triton.cdiv(S, chunk)
+    n_chunks = triton.cdiv(S, STATS_ROWS * STATS_SUB)
     f32 = {"dtype": torch.float32, "device": k.device}
     parts = torch.empty((4, B * Hkv, n_chunks, D), **f32)
-    if wide:
-        _kv_partial_wide_kernel[(n_chunks, triton.cdiv(Hkv * D, WIDE_COLS), B)](
-            k, v, parts[0], parts[1], parts[2], parts[3],
-            S, Hkv, n_chunks,
-            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            HEAD_D=D, ROWS=WIDE_ROWS, N_SUB=WIDE_SUB, COLS=WIDE_COLS, SUM_K=smooth_k,
-            SUM_V=smooth_v, num_warps=WIDE_WARPS,
-        )
-    else:
-        hf = bool(STATS_HEADS_FIRST)
-        _kv_partial_kernel[(B * Hkv, n_chunks) if hf else (n_chunks, B * Hkv)](
-            k, v, parts[0], parts[1], parts[2], parts[3],
-            S, Hkv, n_chunks,
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            HEAD_D=D, ROWS=STATS_ROWS, N_SUB=STATS_SUB, SUM_K=smooth_k, SUM_V=smooth_v,
-            HEADS_FIRST=hf, UNROLL=unroll, STAGES=STATS_STAGES, num_warps=STATS_WARPS,
-        )
+    hf = bool(STATS_HEADS_FIRST)
+    _kv_partial_kernel[(B * Hkv, n_chunks) if hf else (n_chunks, B * Hkv)](
+        k, v, parts[0], parts[1], parts[2], parts[3],
+        S, Hkv, n_chunks,
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        HEAD_D=D, ROWS=STATS_ROWS, N_SUB=STATS_SUB, SUM_K=smooth_k, SUM_V=smooth_v,
+        HEADS_FIRST=hf, UNROLL=unroll, STAGES=STATS_STAGES, num_warps=STATS_WARPS,
+    )
     out = torch.zeros((3, B, Hkv, D), **f32)
     _kv_finalize_kernel[(B * Hkv,)](
         parts[0], parts[1], parts[2], parts[3], out[0], out[1], out[2],
