@@ -163,23 +163,24 @@ def sweep(short=False, flush=False):
     for label, over in configs:
         cfg = {**base, **over}
         v_perm = cfg.pop("_v_perm", None)
+        run_qkvs = qkvs
         if v_perm is not None:  # V^T stored in another token order: quantize the sets again
             from workbench.kernels import quantize as qz
 
             keep, qz.V_PERM = qz.V_PERM, v_perm
-            qkvs = [quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=True,
-                                 smooth_v=True, v_bias_correction=True)
-                    for (q, k, v), st in zip(sets, stats)]
+            run_qkvs = [quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=True,
+                                     smooth_v=True, v_bias_correction=True)
+                        for (q, k, v), st in zip(sets, stats)]
             qz.V_PERM = keep
         try:
-            o, _ = fp8_attention_fwd(qkvs[0], num_heads=H, scale=D**-0.5, out=out, **cfg)
+            o, _ = fp8_attention_fwd(run_qkvs[0], num_heads=H, scale=D**-0.5, out=out, **cfg)
             torch.cuda.synchronize()
             rel = float((o[:, idx].double() - ref).norm() / ref.norm())
             i = [0]
 
-            def fn(cfg=cfg):
+            def fn(cfg=cfg, run_qkvs=run_qkvs):
                 i[0] += 1
-                fp8_attention_fwd(qkvs[i[0] % 2], num_heads=H, scale=D**-0.5, out=out, **cfg)
+                fp8_attention_fwd(run_qkvs[i[0] % 2], num_heads=H, scale=D**-0.5, out=out, **cfg)
 
             rep = 250 if cfg["max_imprecise"] else 120
             ms2 = [median_ms(fn, rep_ms=rep) for _ in range(2)]
@@ -208,18 +209,23 @@ def sweep(short=False, flush=False):
     return rows, best, prep_rows
 
 
+def _prep_setup(sets):
+    """(q, k, v, bytes of one operand, copy TB/s, rows with the copy row) for the prep sweeps."""
+    from workbench.bench.harness import copy_bandwidth_tbs
+
+    q, k, v = sets[0]
+    copy = copy_bandwidth_tbs()
+    log(f"copy bandwidth {copy:.2f} TB/s (read+write)")
+    return q, k, v, q.numel() * q.element_size(), copy, [dict(what="copy", tbs=copy)]
+
+
 def prep_sweep(sets, short=False, flush=False):
     """Per-kernel times of the statistics and quantization passes, and config variants."""
-    from workbench.bench.harness import copy_bandwidth_tbs, median_ms
+    from workbench.bench.harness import median_ms
     from workbench.kernels import kv_stats as ks
     from workbench.kernels import quantize as qz
 
-    q, k, v = sets[0]
-    nbytes = q.numel() * q.element_size()
-    rows = []
-    copy = copy_bandwidth_tbs()
-    log(f"copy bandwidth {copy:.2f} TB/s (read+write)")
-    rows.append(dict(what="copy", tbs=copy))
+    q, k, v, nbytes, copy, rows = _prep_setup(sets)
     st = ks.kv_stats(k, v, smooth_k=True, smooth_v=True)
     stats_cfgs = [(64, 4, 4), (64, 4, 8), (32, 8, 8), (32, 16, 8), (16, 16, 4), (32, 8, 4),
                   (128, 2, 8), (16, 32, 4)]
@@ -333,16 +339,11 @@ def prep_sweep3(sets):
     pass without its in-pass sum (the correction sums the stored codes), and each piece of the
     quantizer timed alone. The fastest deterministic / value-exact configs are kept for the bench.
     """
-    from workbench.bench.harness import copy_bandwidth_tbs, median_ms
+    from workbench.bench.harness import median_ms
     from workbench.kernels import kv_stats as ks
     from workbench.kernels import quantize as qz
 
-    q, k, v = sets[0]
-    nbytes = q.numel() * q.element_size()
-    rows = []
-    copy = copy_bandwidth_tbs()
-    log(f"copy bandwidth {copy:.2f} TB/s (read+write)")
-    rows.append(dict(what="copy", tbs=copy))
+    q, k, v, nbytes, copy, rows = _prep_setup(sets)
     ref = None
     names = ("STATS_ROWS", "STATS_SUB", "STATS_WARPS", "STATS_HEADS_FIRST", "STATS_UNROLL",
              "STATS_STAGES")

@@ -379,7 +379,7 @@ def fp8_attention_fwd(
         IMP_QK=-1 if pv_fma else min(max_imprecise, D), IMP_PV=min(max_imprecise, block_n),
         WRITE_LSE=return_lse, OUT_F32=out_f32, USE_TMA=tma, LAZY_TAU=float(lazy_tau),
         WARP_SPEC=bool(warp_specialize), PV_FMA=pv_fma, SK_FOLD=bool(sk_fold),
-        PERM_P=bool(getattr(qkv, "v_perm", False)),
+        PERM_P=bool(qkv.v_perm),
         INTERPRET=interp, num_warps=num_warps, num_stages=num_stages, **extra,
     )
     return out, lse

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from .e4m3 import interpreting
+from .quantize import head_and_block_ids
 
 # Small per-thread accumulators (no spills) and many independent loads in flight. H200 sweeps,
 # 2026-11-30 (K+V read, % of copy): first session 64x4 44%, 32x8 58%, 16x32 70%; second session
@@ -84,12 +85,7 @@ def _kv_partial_kernel(
     SUM_K: tl.constexpr, SUM_V: tl.constexpr, HEADS_FIRST: tl.constexpr, UNROLL: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    if HEADS_FIRST:
-        bh = tl.program_id(0)
-        c = tl.program_id(1)
-    else:
-        c = tl.program_id(0)
-        bh = tl.program_id(1)
+    bh, c = head_and_block_ids(HEADS_FIRST)
     b = bh // HKV
     h = bh % HKV
     d = tl.arange(0, HEAD_D)

@@ -98,6 +98,16 @@ def padded_len(s: int) -> int:
 
 
 @triton.jit
+def head_and_block_ids(HEADS_FIRST: tl.constexpr):
+    """(batch * head, token block) of this program. HEADS_FIRST: grid (B * H, blocks), so the
+    programs launched together take the heads of one token block; else grid (blocks, B * H)."""
+    if HEADS_FIRST:
+        return tl.program_id(0), tl.program_id(1)
+    else:
+        return tl.program_id(1), tl.program_id(0)
+
+
+@triton.jit
 def _quant_tokens_kernel(
     X, MU, OUT8, SCALE,
     S, S_pad, H, HMU_GROUP,
@@ -106,12 +116,7 @@ def _quant_tokens_kernel(
     HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
-    if HEADS_FIRST:
-        bh = tl.program_id(0)
-        blk = tl.program_id(1)
-    else:
-        blk = tl.program_id(0)
-        bh = tl.program_id(1)
+    bh, blk = head_and_block_ids(HEADS_FIRST)
     b = bh // H
     h = bh % H
     t = blk * BLOCK + tl.arange(0, BLOCK)
@@ -172,12 +177,7 @@ def _quant_v_kernel(
     scales, store transposed (PERM: column j holds token _v_src_token(j)). No per-channel sum
     here: with one, triton computes the whole tile twice, once per layout; the correction sums
     the stored codes instead (_v_corr_kernel)."""
-    if HEADS_FIRST:
-        bh = tl.program_id(0)
-        c = tl.program_id(1)
-    else:
-        c = tl.program_id(0)
-        bh = tl.program_id(1)
+    bh, c = head_and_block_ids(HEADS_FIRST)
     b = bh // HKV
     h = bh % HKV
     d = tl.arange(0, HEAD_D)
