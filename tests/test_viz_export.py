@@ -11,7 +11,7 @@ import pytest
 
 from workbench.cli import main
 from workbench.report.export import FIG_HEIGHT, FIG_WIDTH, browser_path
-from workbench.viz.compute import find_store
+from workbench.evaluate import find_store
 
 needs_chromium = pytest.mark.skipif(browser_path() is None,
                                     reason="/usr/bin/chromium absent (scripts/ensure_chromium.sh)")

@@ -13,7 +13,7 @@ from workbench.metrics import benefit_pct
 from workbench.metrics.media import compare_media
 from workbench.synthetic import small_config, synthetic_qkv
 from workbench.viz import figures as F
-from workbench.viz.compute import evaluate_recipes
+from workbench.evaluate import evaluate
 
 BOUNDS = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
 
@@ -22,7 +22,7 @@ BOUNDS = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
 def comparison():
     cfg = small_config(seq_len=512, heads=2)
     q, k, v = synthetic_qkv(cfg)
-    c = evaluate_recipes(q, k, v, {"A": "fp8_sol_unsmoothed", "B": "fp8_sol_kv_corrected"},
+    c = evaluate(q, k, v, {"A": "fp8_sol_unsmoothed", "B": "fp8_sol_kv_corrected"},
                          layout=cfg.layout, n_queries=48, rotated=cfg.rotated)
     return c, (q, k, v), cfg
 
@@ -173,3 +173,40 @@ def test_layout_bands_helper():
     lay = SegmentLayout(text=4, audio=32, video=128)
     shapes = F.band_shapes(lay.bands())
     assert [(s["x0"], s["x1"]) for s in shapes] == [(-0.5, 3.5), (3.5, 35.5), (35.5, 163.5)]
+
+
+def test_comparison_figures_one_set_shared_scale(comparison):
+    c, _, _ = comparison
+    ga = np.array([[1e-6, 2e-5], [3e-4, 4e-6]])
+    gb = np.array([[5e-7, 1e-5], [2e-4, 9e-6]])
+    figs = F.comparison_figures(c, "A", "B", labels={"A": "base", "B": "cand"},
+                                grids={"a": ga, "b": gb}, layers=[0, 1], step=3, layer=1)
+    assert set(figs) == {"boundary_bars", "error_along_tokens", "drift_k", "drift_v",
+                         "heatmap_output_mse_a", "heatmap_output_mse_b", "heatmap_benefit",
+                         "routing_map"}
+    bars = figs["boundary_bars"][0]
+    assert [t.name for t in bars.data] == ["base", "cand"]
+    assert list(bars.data[1].y) == [c.evals["B"].overall[b]["mse"] for b in BOUNDS]
+    # A and B heatmaps are read side by side: one colour scale spanning both grids
+    ha, hb = figs["heatmap_output_mse_a"][0].data[0], figs["heatmap_output_mse_b"][0].data[0]
+    lo, hi = np.log10(min(ga.min(), gb.min())), np.log10(max(ga.max(), gb.max()))
+    assert (ha.zmin, ha.zmax) == pytest.approx((lo, hi))
+    assert (hb.zmin, hb.zmax) == pytest.approx((lo, hi))
+    ben = figs["heatmap_benefit"][0].data[0]
+    assert np.array(ben.customdata, dtype=float) == pytest.approx(
+        np.vectorize(benefit_pct)(ga, gb))
+    assert "step 3, layer 1" in figs["error_along_tokens"][1]
+    # without grids: no heatmaps; a dense pair: no routing map
+    assert "heatmap_output_mse_b" not in F.comparison_figures(c, "A", "B")
+
+
+def test_deprecated_compute_module_warns():
+    import importlib
+    import sys
+
+    sys.modules.pop("workbench.viz.compute", None)
+    with pytest.warns(FutureWarning, match="workbench.evaluate"):
+        mod = importlib.import_module("workbench.viz.compute")
+    from workbench.evaluate import evaluate as ev
+
+    assert mod.evaluate_recipes is ev

@@ -16,21 +16,12 @@ from pathlib import Path
 
 import torch
 
+from workbench.metrics import json_safe
 from workbench.metrics.media import compare_media, media_table
 
 from .run import _to_uint8_frames, generate, read_clip, write_clip, write_mp4
 
 DIFF_GAIN = 4.0
-
-
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "inf" if obj > 0 else ("-inf" if obj < 0 else "nan")
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _svg_curves(curves: dict[str, list[float]], title: str) -> str:
@@ -72,7 +63,7 @@ def compare_clips(a, b, out: str | Path | None = None, name_a: str = "A",
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     curves = m.get("curves", {})
-    (out / "metrics.json").write_text(json.dumps(_finite(
+    (out / "metrics.json").write_text(json.dumps(json_safe(
         {"reference": name_a, "test": name_b, **m}), indent=1))
     (out / "table.md").write_text(media_table({name_b: m}, name_a) + "\n")
     if curves:
@@ -136,6 +127,6 @@ def compare_recipes(
                    "seconds": {r: clips[r].config["seconds"] for r in recipes},
                    "metrics": {r: {k: v for k, v in m.items() if k != "curves"}
                                for r, m in rows.items()}}
-        (out / "compare.json").write_text(json.dumps(_finite(summary), indent=1))
+        (out / "compare.json").write_text(json.dumps(json_safe(summary), indent=1))
         (out / "table.md").write_text(table + "\n")
     return rows, table

@@ -14,6 +14,7 @@ from .tensor import (
     benefit_pct,
     bootstrap_benefit,
     error_stats,
+    json_safe,
     per_head,
     stats_overall_and_per_head,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "channel_mean_norms",
     "error_along_tokens",
     "error_stats",
+    "json_safe",
     "per_head",
     "stats_overall_and_per_head",
     "token_mean_drift",

@@ -10,30 +10,16 @@ can flip the sign of a small benefit.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from workbench.attention import (
-    SegmentLayout,
-    dense_attention_f64,
-    evenly_spaced_rows,
-    recipe_attention,
-    select_heads,
-)
-from workbench.metrics import (
-    BOUNDARY_LABELS,
-    benefit_pct,
-    bootstrap_benefit,
-    boundary_metrics,
-    token_mean_drift,
-)
+from workbench.attention import SegmentLayout, select_heads
+from workbench.evaluate import TABLE_ROWS, Comparison, evaluate
+from workbench.metrics import BOUNDARY_LABELS, benefit_pct, json_safe
 from workbench.recipes import AttentionRecipe, get_recipe
-
-TABLE_ROWS = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
 
 
 @dataclass
@@ -78,7 +64,7 @@ class AccuracyTable:
         }
 
     def to_json(self) -> str:
-        return json.dumps(_finite(self.to_dict()), indent=2)
+        return json.dumps(json_safe(self.to_dict()), indent=2)
 
     def to_markdown(self) -> str:
         a, b = self.recipe_a, self.recipe_b
@@ -139,16 +125,6 @@ class AccuracyTable:
         return "\n".join(lines) + "\n"
 
 
-def _finite(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def _e(x: float) -> str:
     return f"{x:.3e}"
 
@@ -163,6 +139,37 @@ def _ranges(h: list[int]) -> str:
     if h and h == list(range(h[0], h[-1] + 1)) and len(h) > 2:
         return f"{h[0]}-{h[-1]}"
     return ",".join(map(str, h))
+
+
+def table_from_comparison(c: Comparison, a: str, b: str, *, source: str = "",
+                          head_labels: list[int] | None = None) -> AccuracyTable:
+    """The seed table of B (candidate) against A (baseline) from one evaluated comparison."""
+    ea, eb = c.evals[a], c.evals[b]
+    rows = []
+    for bd in TABLE_ROWS:
+        ma, mb = ea.overall[bd]["mse"], eb.overall[bd]["mse"]
+        rows.append({"boundary": bd, "label": BOUNDARY_LABELS[bd], "mse_a": ma, "mse_b": mb,
+                     "benefit_pct": benefit_pct(ma, mb)})
+    output = {m: {"a": ea.overall["attention_output"][m], "b": eb.overall["attention_output"][m]}
+              for m in ("mse", "cosine", "rel_l2", "sqnr_db", "max_abs")}
+    drift: dict = {"rotated": c.rotated}
+    for key in ("k_rot", "k_pass", "v_rot", "v_pass"):
+        drift[key] = {"a": ea.drift_summary[key], "b": eb.drift_summary[key]}
+    return AccuracyTable(
+        recipe_a=ea.recipe,
+        recipe_b=eb.recipe,
+        source=source or "q/k/v tensors",
+        heads=list(head_labels) if head_labels is not None else list(c.heads),
+        query_rows=list(c.query_rows),
+        seq_len=c.seq_len,
+        rows=rows,
+        output=output,
+        output_benefit_ci=c.benefit_ci(a, b),
+        exact_fraction={"a": ea.exact_fraction, "b": eb.exact_fraction},
+        drift=drift,
+        per_head={"a": ea.heads, "b": eb.heads},
+        seconds=c.seconds,
+    )
 
 
 def accuracy_table(
@@ -190,46 +197,11 @@ def accuracy_table(
     a, b = get_recipe(recipe_a), get_recipe(recipe_b)
     q, k, v = select_heads(q, k, v, heads)
     labels = head_labels or (list(heads) if heads is not None else list(range(q.shape[2])))
-    S = q.shape[1]
-    idx = evenly_spaced_rows(S, n_queries) if query_index is None else query_index
-    ref, _ = dense_attention_f64(q, k, v, query_index=idx)
-    results, mets = {}, {}
-    for tag, r in (("a", a), ("b", b)):
-        results[tag] = recipe_attention(q, k, v, r, query_index=idx, layout=layout,
-                                        step=step, layer=layer)
-        mets[tag] = boundary_metrics(results[tag], q, k, v, ref)
-    rows = []
-    for bd in TABLE_ROWS:
-        ma, mb = mets["a"].overall[bd]["mse"], mets["b"].overall[bd]["mse"]
-        rows.append({"boundary": bd, "label": BOUNDARY_LABELS[bd], "mse_a": ma, "mse_b": mb,
-                     "benefit_pct": benefit_pct(ma, mb)})
-    output = {
-        m: {"a": mets["a"].overall["attention_output"][m],
-            "b": mets["b"].overall["attention_output"][m]}
-        for m in ("mse", "cosine", "rel_l2", "sqnr_db", "max_abs")
-    }
-    ci = bootstrap_benefit(mets["a"].row_sq_err, mets["b"].row_sq_err)
-    drift: dict = {"rotated": rotated}
-    for name, src, tens in (("k", k, "k_dq"), ("v", v, "v_dq")):
-        da = token_mean_drift(getattr(results["a"], tens), src, rotated)
-        db = token_mean_drift(getattr(results["b"], tens), src, rotated)
-        drift[f"{name}_rot"] = {"a": da["rotated"], "b": db["rotated"]}
-        drift[f"{name}_pass"] = {"a": da["passthrough"], "b": db["passthrough"]}
-    return AccuracyTable(
-        recipe_a=results["a"].recipe,
-        recipe_b=results["b"].recipe,
-        source=source or "q/k/v tensors",
-        heads=labels,
-        query_rows=[int(i) for i in torch.as_tensor(idx).tolist()],
-        seq_len=S,
-        rows=rows,
-        output=output,
-        output_benefit_ci=ci,
-        exact_fraction={"a": results["a"].exact_fraction, "b": results["b"].exact_fraction},
-        drift=drift,
-        per_head={"a": mets["a"].heads, "b": mets["b"].heads},
-        seconds=time.perf_counter() - t0,
-    )
+    c = evaluate(q, k, v, {"a": a, "b": b}, layout=layout, n_queries=n_queries,
+                 query_index=query_index, heads=labels, rotated=rotated, step=step, layer=layer)
+    table = table_from_comparison(c, "a", "b", source=source)
+    table.seconds = time.perf_counter() - t0
+    return table
 
 
 def write_table(table: AccuracyTable, md_path: Path | None, json_path: Path | None) -> None:

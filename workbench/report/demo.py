@@ -58,7 +58,7 @@ def demo_report(out: Path) -> int:
     """Step 2: the PR figures and tables for the shipped capture store."""
     try:
         from workbench.report.export import browser_path, write_report
-        from workbench.viz.compute import find_store
+        from workbench.evaluate import find_store
     except ImportError as exc:  # the viz extra is not installed: say so, keep step 1's output
         print(f"[demo] report skipped: {exc}", file=sys.stderr)
         return 0

@@ -17,11 +17,8 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 
-from workbench.metrics import BOUNDARY_LABELS, benefit_pct
 from workbench.recipes import get_recipe
-from workbench.report.accuracy_table import TABLE_ROWS
 
 DEFAULT_BROWSER = "/usr/bin/chromium"
 FIG_WIDTH, FIG_HEIGHT = 1000, 560
@@ -36,48 +33,24 @@ def browser_path() -> str | None:
 
 
 def report_figures(source, recipe_a, recipe_b, *, step, layer, heads=None, n_queries=64):
-    """({name: (figure, caption)}, Comparison, layer-head grids) for one entry of `source`."""
-    from workbench.viz import figures as F
-    from workbench.viz.compute import evaluate_recipes, layer_head_grid
+    """({name: (figure, caption)}, Comparison, layer-head grids) for one entry of `source`.
+
+    The comparison is keyed by the recipes' strings (``AttentionRecipe.to_string``); the grids
+    are the output MSE of A and B per layer and head at `step`.
+    """
+    from workbench.evaluate import evaluate_entry, layer_head_grid
+    from workbench.viz.figures import comparison_figures
 
     a, b = get_recipe(recipe_a), get_recipe(recipe_b)
-    heads = heads if heads is not None else source.heads
-    q, k, v = source.qkv(step, layer, heads)
-    c = evaluate_recipes(q, k, v, {a.name: a, b.name: b}, layout=source.layout,
-                         n_queries=n_queries, heads=heads, rotated=source.rotated)
-    ea, eb = c.evals[a.name], c.evals[b.name]
+    ka, kb = a.to_string(), b.to_string()
+    if ka == kb:
+        raise ValueError(f"report: recipes A and B are the same ({ka!r}); give two recipes")
+    heads = list(heads) if heads is not None else list(source.heads)
+    c = evaluate_entry(source, step, layer, {ka: a, kb: b}, heads=heads, n_queries=n_queries)
     grids = {t: layer_head_grid(source, step, r, heads=heads, n_queries=n_queries,
                                 metrics=("mse",))["mse"] for t, r in (("a", a), ("b", b))}
-    where = f"step {step}, layer {layer}"
-    figs = {}
-    figs["boundary_bars"] = (F.boundary_bars(
-        {e.name: {bd: e.overall[bd]["mse"] for bd in TABLE_ROWS} for e in (ea, eb)},
-        labels=BOUNDARY_LABELS), f"MSE at each boundary of the seed table ({where})")
-    figs["error_along_tokens"] = (F.error_along_tokens({e.name: e.along for e in (ea, eb)}),
-                                  f"attention output MSE per sampled query row ({where})")
-    figs["drift_k"] = (F.drift_per_channel({e.name: e.drift_k for e in (ea, eb)},
-                                           rotated=source.rotated, tensor="K"),
-                       "K token-mean drift per channel")
-    figs["drift_v"] = (F.drift_per_channel({e.name: e.drift_v for e in (ea, eb)},
-                                           rotated=source.rotated, tensor="V"),
-                       "V token-mean drift per channel")
-    for t, e in (("a", ea), ("b", eb)):
-        figs[f"heatmap_output_mse_{t}"] = (F.per_head_heatmap(
-            grids[t], layers=source.layers, heads=heads, recipe=e.name,
-            boundary=f"attention output, step {step}"),
-            f"output MSE per layer and head, {e.name} (step {step})")
-    ben = np.vectorize(benefit_pct)(grids["a"], grids["b"])
-    figs["heatmap_benefit"] = (F.per_head_heatmap(
-        ben, layers=source.layers, heads=heads, metric="benefit %", log_color=False,
-        recipe=f"{b.name} over {a.name}", boundary=f"attention output, step {step}"),
-        f"output-MSE benefit of {b.name} over {a.name} per layer and head (%)")
-    for e in (eb, ea):
-        if e.block_map is not None:
-            figs["routing_map"] = (F.routing_map(
-                e.block_map, block=e.block, exact_fraction=e.exact_fraction,
-                title=f"{e.name} {e.recipe.sparsity} routing ({where}, mean over heads)",
-                bands=source.layout.bands()), f"{e.name} block routing ({where})")
-            break
+    figs = comparison_figures(c, ka, kb, grids=grids, layers=source.layers, step=step,
+                              layer=layer)
     return figs, c, grids
 
 
@@ -116,8 +89,8 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
                  n_queries: int = 64, formats=("png", "svg", "html"), device: str = "cpu",
                  log=print) -> Path:
     """Export figures, tables and markdown for one store entry. Returns the markdown path."""
-    from workbench.report.accuracy_table import accuracy_table
-    from workbench.viz.compute import ReplaySource
+    from workbench.evaluate import ReplaySource
+    from workbench.report.accuracy_table import table_from_comparison
 
     t0 = time.perf_counter()
     out = Path(out)
@@ -126,12 +99,10 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     layer = src.layers[-1] if layer is None else layer
     heads = list(heads) if heads is not None else src.heads[:4]
     a, b = get_recipe(recipe_a), get_recipe(recipe_b)
-    q, k, v = src.qkv(step, layer, heads)
-    table = accuracy_table(q, k, v, a, b, layout=src.layout, head_labels=heads,
-                           n_queries=n_queries, rotated=src.rotated,
-                           source=f"capture store `{src.name}`, step {step}, layer {layer}")
     figs, comp, grids = report_figures(src, a, b, step=step, layer=layer, heads=heads,
                                        n_queries=n_queries)
+    table = table_from_comparison(comp, a.to_string(), b.to_string(),
+                                  source=f"capture store `{src.name}`, step {step}, layer {layer}")
     fig_dir = out / "figures"
     written = write_figures(figs, fig_dir, formats=formats)
 

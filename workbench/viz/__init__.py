@@ -1,23 +1,15 @@
-"""Figures (pure builders: data in, plotly figure out), replay compute, and thin widgets.
+"""Figures (pure builders: data in, plotly figure out) and thin widgets.
 
-``workbench.viz.figures`` holds the builders; ``workbench.viz.compute`` the numbers behind them
-(store replay through recipes); ``workbench.viz.widgets`` the ipywidgets explorer (imported lazily:
-the builders need no Jupyter).
+``workbench.viz.figures`` holds the builders, ``comparison_figures`` the set of figures drawn for
+one ``workbench.evaluate.Comparison``; ``workbench.viz.widgets`` the ipywidgets explorer (imported
+lazily: the builders need no Jupyter). The numbers behind the figures come from
+``workbench.evaluate``.
 """
 
-from .compute import (
-    Comparison,
-    RecipeEval,
-    ReplaySource,
-    default_device,
-    evaluate_recipes,
-    find_store,
-    layer_head_grid,
-    shipped_stores,
-)
 from .figures import (
     audio_comparison,
     boundary_bars,
+    comparison_figures,
     drift_per_channel,
     error_along_tokens,
     frame_grid,
@@ -28,21 +20,30 @@ from .figures import (
 )
 
 __all__ = [
-    "Comparison",
-    "RecipeEval",
-    "ReplaySource",
     "audio_comparison",
     "boundary_bars",
-    "default_device",
+    "comparison_figures",
     "drift_per_channel",
     "error_along_tokens",
-    "evaluate_recipes",
-    "find_store",
     "frame_grid",
     "frame_metric_curves",
     "kernel_bench",
-    "layer_head_grid",
     "per_head_heatmap",
     "routing_map",
-    "shipped_stores",
 ]
+
+_MOVED = {"Comparison", "RecipeEval", "ReplaySource", "default_device", "evaluate_recipes",
+          "find_store", "layer_head_grid", "shipped_stores"}
+
+
+def __getattr__(name):
+    """Names that moved to ``workbench.evaluate``: still reachable here, with a warning."""
+    if name in _MOVED:
+        import warnings
+
+        import workbench.evaluate as ev
+
+        warnings.warn(f"workbench.viz.{name} moved to workbench.evaluate.{name}", FutureWarning,
+                      stacklevel=2)
+        return getattr(ev, name)
+    raise AttributeError(f"module 'workbench.viz' has no attribute {name!r}")

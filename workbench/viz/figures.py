@@ -78,21 +78,29 @@ def per_head_heatmap(
     boundary: str = "attention_output",
     recipe: str = "",
     log_color: bool | None = None,
+    value_range: tuple[float, float] | None = None,
 ) -> go.Figure:
     """Layer x head heatmap of one metric at one boundary.
 
     values: [n_layers, n_heads] (array, tensor or nested lists), values[i][j] for layers[i],
     heads[j]. The colour is log10 of the value for error metrics spanning decades (log_color=None
     decides: positive values over more than 2 decades); the hover always shows the exact value.
+    value_range: (lo, hi) of the values the colour scale spans (the same for heatmaps that are
+    read side by side, e.g. recipe A and recipe B); default: this grid's own range.
     """
     z = _np(values)
     if z.shape != (len(layers), len(heads)):
         raise ValueError(f"per_head_heatmap: values shape {z.shape} != (layers {len(layers)}, "
                          f"heads {len(heads)})")
     fin = z[np.isfinite(z)]
+    span = np.asarray(value_range, dtype=float) if value_range is not None else fin
     if log_color is None:
-        log_color = bool(fin.size and (fin > 0).all() and fin.max() / fin.min() > 100)
+        log_color = bool(span.size and (span > 0).all() and span.max() / span.min() > 100)
     color = np.log10(np.where(z > 0, z, np.nan)) if log_color else z
+    zmin = zmax = None
+    if value_range is not None:
+        lo, hi = (float(x) for x in value_range)
+        zmin, zmax = (math.log10(lo), math.log10(hi)) if log_color and lo > 0 else (lo, hi)
     label = METRIC_LABELS.get(metric, metric)
     # Signed values (a benefit) get a diverging scale centred on 0: blue = B better.
     signed = bool(not log_color and fin.size and fin.min() < 0 < fin.max())
@@ -102,7 +110,7 @@ def per_head_heatmap(
         y=[str(lay) for lay in layers],
         customdata=[_finite_or_none(r) for r in z],
         colorscale="RdBu" if signed else "Viridis",
-        zmid=0 if signed else None,
+        zmid=0 if signed else None, zmin=zmin, zmax=zmax,
         # Small grids print the exact value in each cell (PNG exports have no hover).
         text=[[f"{x:.3g}" for x in r] for r in z] if z.size <= 200 else None,
         texttemplate="%{text}" if z.size <= 200 else None,
@@ -117,6 +125,13 @@ def per_head_heatmap(
         xaxis_title="head", yaxis_title="layer", xaxis_type="category", yaxis_type="category",
     )
     return fig
+
+
+def shared_range(*grids) -> tuple[float, float] | None:
+    """(min, max) of the finite values of several grids: one colour scale for all of them."""
+    vals = np.concatenate([_np(g).ravel() for g in grids]) if grids else np.zeros(0)
+    vals = vals[np.isfinite(vals)]
+    return (float(vals.min()), float(vals.max())) if vals.size else None
 
 
 # -- boundary bars --------------------------------------------------------------------------------
@@ -283,6 +298,74 @@ def routing_map(
     fig.update_yaxes(range=[nq - 0.5, -0.5], scaleanchor="x", constrain="domain",
                      dtick=max(1, nq // 16))
     return fig
+
+
+# -- the figure set of one comparison ------------------------------------------------------------
+def comparison_figures(
+    comparison,
+    a: str,
+    b: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    grids: Mapping[str, object] | None = None,
+    layers: Sequence[int] | None = None,
+    step=None,
+    layer=None,
+) -> dict[str, tuple[go.Figure, str]]:
+    """Every figure of recipe A against recipe B on one entry: {name: (figure, caption)}.
+
+    comparison: a ``workbench.evaluate.Comparison`` holding evaluations keyed `a` and `b`.
+    labels: display name per key (default: the key). grids: {"a" | "b": [n_layers, n_heads]
+    output MSE} over `layers` (``workbench.evaluate.layer_head_grid``) for the per-head heatmaps
+    (both on one colour scale) and, when both are given, the benefit heatmap. The report writes
+    all of them; the explorer shows the ones it has room for.
+    """
+    from workbench.evaluate import TABLE_ROWS
+    from workbench.metrics import BOUNDARY_LABELS, benefit_pct
+
+    labels = dict(labels or {})
+    ea, eb = comparison.evals[a], comparison.evals[b]
+    na, nb = labels.get(a, a), labels.get(b, b)
+    where = ", ".join(x for x in (f"step {step}" if step is not None else "",
+                                  f"layer {layer}" if layer is not None else "") if x)
+    at = f" ({where})" if where else ""
+    figs = {
+        "boundary_bars": (boundary_bars(
+            {n: {bd: e.overall[bd]["mse"] for bd in TABLE_ROWS} for n, e in ((na, ea), (nb, eb))},
+            labels=BOUNDARY_LABELS), f"MSE at each boundary of the seed table{at}"),
+        "error_along_tokens": (error_along_tokens({na: ea.along, nb: eb.along}),
+                               f"attention output MSE per sampled query row{at}"),
+        "drift_k": (drift_per_channel({na: ea.drift_k, nb: eb.drift_k},
+                                      rotated=comparison.rotated, tensor="K"),
+                    "K token-mean drift per channel"),
+        "drift_v": (drift_per_channel({na: ea.drift_v, nb: eb.drift_v},
+                                      rotated=comparison.rotated, tensor="V"),
+                    "V token-mean drift per channel"),
+    }
+    grids = {t: _np(g) for t, g in (grids or {}).items() if g is not None}
+    heads = comparison.heads
+    rng = shared_range(*grids.values())
+    at_step = f", step {step}" if step is not None else ""
+    for t, name in (("a", na), ("b", nb)):
+        if t in grids:
+            figs[f"heatmap_output_mse_{t}"] = (per_head_heatmap(
+                grids[t], layers=layers, heads=heads, recipe=name,
+                boundary=f"attention output{at_step}", value_range=rng),
+                f"output MSE per layer and head, {name}{at_step}")
+    if "a" in grids and "b" in grids:
+        ben = np.vectorize(benefit_pct)(grids["a"], grids["b"])
+        figs["heatmap_benefit"] = (per_head_heatmap(
+            ben, layers=layers, heads=heads, metric="benefit %", log_color=False,
+            recipe=f"{nb} over {na}", boundary=f"attention output{at_step}"),
+            f"output-MSE benefit of {nb} over {na} per layer and head (%)")
+    for name, e in ((nb, eb), (na, ea)):
+        if e.block_map is not None:
+            figs["routing_map"] = (routing_map(
+                e.block_map, block=e.block, exact_fraction=e.exact_fraction,
+                title=f"{name} {e.recipe.sparsity} routing{at} (mean over heads)",
+                bands=comparison.layout.bands()), f"{name} block routing{at}")
+            break
+    return figs
 
 
 # -- frames ---------------------------------------------------------------------------------------

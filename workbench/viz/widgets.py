@@ -17,12 +17,11 @@ import traceback
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from workbench.metrics import BOUNDARY_LABELS, benefit_pct
+from workbench.evaluate import ReplaySource, evaluate_entry, layer_head_grid, shipped_stores
+from workbench.metrics import benefit_pct
 from workbench.recipes import PRESETS, get_recipe
-from workbench.report.accuracy_table import TABLE_ROWS
 
 from . import figures as F
-from .compute import ReplaySource, evaluate_recipes, layer_head_grid, shipped_stores
 
 READOUT_ROWS = [
     ("output_mse", "output MSE", "{:.4e}"),
@@ -252,12 +251,10 @@ class SmoothingExplorer:
         try:
             src = self.source
             step, layer, heads = self.w_step.value, self.w_layer.value, self.selected_heads()
-            q, k, v = src.qkv(step, layer, heads)
             policy = self.w_policy.value
-            self.comparison = evaluate_recipes(
-                q, k, v, {"A": a, "B": b}, layout=src.layout, n_queries=self.w_queries.value,
-                heads=heads, rotated=src.rotated, step=step if policy else None,
-                layer=layer if policy else None, progress=self._progress, cache=self._cache,
+            self.comparison = evaluate_entry(
+                src, step, layer, {"A": a, "B": b}, heads=heads, n_queries=self.w_queries.value,
+                dense_policy=policy, progress=self._progress, cache=self._cache,
             )
             if self.show_heatmap:
                 self._set_status("per-head grid over layers ...")
@@ -287,30 +284,19 @@ class SmoothingExplorer:
 
     def _draw_figures(self) -> None:
         c = self.comparison
-        ev = c.evals
         nm = self.names()
-        self.w_readout.value = readout_html(c.readout(), nm, step=self.w_step.value,
-                                            layer=self.w_layer.value)
-        bars = F.boundary_bars(
-            {nm[t]: {bd: ev[t].overall[bd]["mse"] for bd in TABLE_ROWS} for t in ev},
-            labels=BOUNDARY_LABELS)
-        _update_in_place(self.fig_bars, bars)
-        along = F.error_along_tokens({nm[t]: ev[t].along for t in ev})
-        _update_in_place(self.fig_along, along)
-        for fw, attr, name in ((self.fig_drift_k, "drift_k", "K"),
-                               (self.fig_drift_v, "drift_v", "V")):
-            _update_in_place(fw, F.drift_per_channel(
-                {t: getattr(ev[t], attr) for t in ev}, rotated=c.rotated, tensor=name))
-        if self.grid is not None:
-            _update_in_place(self.fig_heat, F.per_head_heatmap(
-                self.grid["mse"], layers=self.source.layers, heads=c.heads,
-                recipe="B", boundary=f"output, step {self.w_step.value}"))
-        e = ev["B"] if ev["B"].block_map is not None else ev["A"]
-        if e.block_map is not None:
-            route = F.routing_map(e.block_map, block=e.block, exact_fraction=e.exact_fraction,
-                                  title=f"{e.name} {e.recipe.sparsity} routing (mean over heads)",
-                                  bands=c.layout.bands())
-        else:
+        step, layer = self.w_step.value, self.w_layer.value
+        self.w_readout.value = readout_html(c.readout(), nm, step=step, layer=layer)
+        grids = {"b": self.grid["mse"]} if self.grid is not None else None
+        figs = F.comparison_figures(c, "A", "B", labels=nm, grids=grids,
+                                    layers=self.source.layers, step=step, layer=layer)
+        for fw, name in ((self.fig_bars, "boundary_bars"), (self.fig_along, "error_along_tokens"),
+                         (self.fig_drift_k, "drift_k"), (self.fig_drift_v, "drift_v"),
+                         (self.fig_heat, "heatmap_output_mse_b")):
+            if name in figs:
+                _update_in_place(fw, figs[name][0])
+        route = figs.get("routing_map", (None,))[0]
+        if route is None:
             route = go.Figure(layout=dict(title="dense recipes: every block exact"))
         _update_in_place(self.fig_route, route)
 

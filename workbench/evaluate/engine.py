@@ -1,0 +1,243 @@
+"""The evaluation engine: one entry's q/k/v + recipes in, one ``Comparison`` out.
+
+``evaluate`` runs two or more recipes on the same sampled query rows against one float64 dense
+reference and returns, per recipe, every boundary metric (overall and per head), the per-row
+output error (for the paired bootstrap interval of a benefit), the output error along the
+sequence, the per-channel token-mean drift of K and V and the routing map. The accuracy table,
+the PR report, the smoothing explorer and the notebooks all format this one result, so what a
+notebook shows is what a PR export writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from workbench.attention import (
+    SegmentLayout,
+    dense_attention_f64,
+    evenly_spaced_rows,
+    recipe_attention,
+)
+from workbench.metrics import (
+    benefit_pct,
+    bootstrap_benefit,
+    boundary_metrics,
+    error_along_tokens,
+    token_mean_drift,
+)
+from workbench.recipes import AttentionRecipe, get_recipe
+
+# The rows of the seed PR's accuracy table, in its order.
+TABLE_ROWS = ("quanted_k", "dequanted_v", "v_mean", "attention_output")
+
+
+@dataclass
+class RecipeEval:
+    """One recipe on one entry: every number the table, report and explorer show."""
+
+    name: str
+    recipe: AttentionRecipe  # the recipe that ran (after the dense policy, when applied)
+    overall: dict  # {boundary: {metric: value}}
+    heads: dict  # {boundary: {metric: [value per selected head]}}
+    along: dict  # workbench.metrics.error_along_tokens(...)
+    drift_k: np.ndarray  # [D] |mean_t(K_dq) - mean_t(K)| averaged over batch and heads
+    drift_v: np.ndarray  # [D]
+    drift_summary: dict  # {"k_rot", "k_pass", "v_rot", "v_pass"}
+    exact_fraction: float
+    block_map: np.ndarray | None  # [nq, nk] fraction of selected heads routing the pair exactly
+    block: int
+    row_sq_err: torch.Tensor  # [n] output squared error per sampled row (mean over B, H, D)
+    seconds: float
+
+
+@dataclass
+class Comparison:
+    """Recipes evaluated on the same rows of one entry against one float64 reference."""
+
+    evals: dict[str, RecipeEval]
+    query_rows: list[int]
+    heads: list[int]
+    layout: SegmentLayout
+    rotated: int
+    seq_len: int
+    seconds: float
+    ref_seconds: float
+    extras: dict = field(default_factory=dict)
+
+    def benefit(self, a: str, b: str, boundary: str = "attention_output",
+                metric: str = "mse") -> float:
+        """How much smaller B's error is than A's at `boundary`, percent of A's."""
+        return benefit_pct(self.evals[a].overall[boundary][metric],
+                           self.evals[b].overall[boundary][metric])
+
+    def benefit_ci(self, a: str, b: str, level: float = 0.95) -> tuple[float, float]:
+        """Paired bootstrap interval over the sampled rows of the output-MSE benefit of B."""
+        return bootstrap_benefit(self.evals[a].row_sq_err, self.evals[b].row_sq_err,
+                                 level=level)
+
+    def readout(self) -> dict[str, dict[str, float]]:
+        """{recipe: {short key: value}} for numeric readouts."""
+        out = {}
+        for name, e in self.evals.items():
+            o = e.overall
+            out[name] = {
+                "output_mse": o["attention_output"]["mse"],
+                "output_rel_l2": o["attention_output"]["rel_l2"],
+                "output_cosine": o["attention_output"]["cosine"],
+                "output_sqnr_db": o["attention_output"]["sqnr_db"],
+                "k_mse": o["quanted_k"]["mse"],
+                "v_mse": o["dequanted_v"]["mse"],
+                "v_mean_mse": o["v_mean"]["mse"],
+                "exact_fraction": e.exact_fraction,
+                **{f"drift_{k}": v for k, v in e.drift_summary.items()},
+            }
+        return out
+
+
+class _ReferenceCache:
+    """float64 dense references by (tensor identity, rows); holds the tensors so ids stay valid."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._store: dict = {}
+
+    def get(self, q, k, v, idx) -> torch.Tensor:
+        key = (id(q), id(k), id(v), tuple(idx.tolist()), tuple(q.shape))
+        if key not in self._store:
+            if len(self._store) >= self.size:
+                self._store.pop(next(iter(self._store)))
+            self._store[key] = (dense_attention_f64(q, k, v, query_index=idx)[0], (q, k, v))
+        return self._store[key][0]
+
+
+_REFERENCES = _ReferenceCache()
+
+
+def evaluate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    recipes: dict[str, AttentionRecipe | str],
+    *,
+    layout: SegmentLayout | None = None,
+    n_queries: int = 64,
+    query_index=None,
+    heads: list[int] | None = None,
+    rotated: int = 96,
+    step: int | None = None,
+    layer: int | None = None,
+    progress=None,
+    cache: dict | None = None,
+) -> Comparison:
+    """Run every recipe on the same rows of q [B, S, H, D], k/v [B, S, Hkv, D].
+
+    recipes: {label: recipe spec}; labels key the result (e.g. "A"/"B" or the recipe strings).
+    heads: labels of q's heads (default 0..H-1). step/layer apply the recipes' dense policy only
+    when given. progress(i, n, message) is called before each stage (reference, then recipes).
+    cache: a dict the caller keeps; a recipe already evaluated on the same tensors, rows and
+    (step, layer) is taken from it (the explorer: changing B does not recompute A).
+    """
+    t0 = time.perf_counter()
+    S = q.shape[1]
+    layout = layout or SegmentLayout.all_video(S)
+    if query_index is None:
+        if n_queries < 1:
+            raise ValueError(f"n_queries: need at least one query row, got {n_queries}")
+        idx = evenly_spaced_rows(S, n_queries)
+    else:
+        idx = torch.as_tensor(query_index)
+    idx = idx.to(q.device)
+    n = len(recipes) + 1
+    if progress:
+        progress(0, n, "float64 dense reference")
+    ref = _REFERENCES.get(q, k, v, idx)
+    ref_s = time.perf_counter() - t0
+    evals = {}
+    for i, (name, r) in enumerate(recipes.items(), start=1):
+        if progress:
+            progress(i, n, f"recipe {name}")
+        r = get_recipe(r)
+        key = (id(q), id(k), id(v), r.to_json(), tuple(idx.tolist()), step, layer, rotated)
+        if cache is not None and key in cache:
+            evals[name] = dataclasses.replace(cache[key][0], name=name)
+            continue
+        evals[name] = _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer)
+        if cache is not None:
+            if len(cache) > 256:
+                cache.clear()
+            # Holding q/k/v keeps their ids from being reused by other tensors while cached.
+            cache[key] = (evals[name], (q, k, v))
+    if progress:
+        progress(n, n, "done")
+    return Comparison(evals=evals, query_rows=[int(i) for i in idx.cpu().tolist()],
+                      heads=list(heads) if heads is not None else list(range(q.shape[2])),
+                      layout=layout, rotated=rotated, seq_len=S,
+                      seconds=time.perf_counter() - t0, ref_seconds=ref_s)
+
+
+def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer) -> RecipeEval:
+    t1 = time.perf_counter()
+    res = recipe_attention(q, k, v, r, query_index=idx, layout=layout, step=step, layer=layer,
+                           return_block_map=True)
+    bm = boundary_metrics(res, q, k, v, ref)
+    dk = token_mean_drift(res.k_dq, k, rotated)
+    dv = token_mean_drift(res.v_dq, v, rotated)
+    block_map = None
+    if res.block_map is not None:
+        block_map = res.block_map.float().mean(dim=(0, 1)).cpu().numpy()
+    block = res.recipe.sol_block if res.recipe.sparsity == "sol" else res.recipe.vsa_tile
+    return RecipeEval(
+        name=name, recipe=res.recipe, overall=bm.overall, heads=bm.heads,
+        along=error_along_tokens(res, ref, layout),
+        drift_k=dk["per_channel"].mean(dim=(0, 1)).cpu().numpy(),
+        drift_v=dv["per_channel"].mean(dim=(0, 1)).cpu().numpy(),
+        drift_summary={"k_rot": dk["rotated"], "k_pass": dk["passthrough"],
+                       "v_rot": dv["rotated"], "v_pass": dv["passthrough"]},
+        exact_fraction=res.exact_fraction, block_map=block_map, block=block,
+        row_sq_err=bm.row_sq_err.cpu(), seconds=time.perf_counter() - t1,
+    )
+
+
+def evaluate_entry(source, step, layer, recipes: dict[str, AttentionRecipe | str], *,
+                   heads: list[int] | None = None, n_queries: int = 64,
+                   dense_policy: bool = False, progress=None,
+                   cache: dict | None = None) -> Comparison:
+    """``evaluate`` on one (step, layer) entry of a ``ReplaySource`` (heads: captured head ids,
+    default all). dense_policy: apply the recipes' dense steps / layers at this entry."""
+    heads = list(heads) if heads is not None else list(source.heads)
+    q, k, v = source.qkv(step, layer, heads)
+    return evaluate(q, k, v, recipes, layout=source.layout, n_queries=n_queries, heads=heads,
+                    rotated=source.rotated, step=step if dense_policy else None,
+                    layer=layer if dense_policy else None, progress=progress, cache=cache)
+
+
+def layer_head_grid(
+    source,
+    step,
+    recipe: AttentionRecipe | str,
+    *,
+    boundary: str = "attention_output",
+    metrics=("mse",),
+    heads: list[int] | None = None,
+    n_queries: int = 64,
+    dense_policy: bool = False,
+    cache: dict | None = None,
+) -> dict[str, np.ndarray]:
+    """{metric: [n_layers, n_heads]} of one recipe at one step, every layer of the source."""
+    heads = heads if heads is not None else source.heads
+    out = {m: np.zeros((len(source.layers), len(heads))) for m in metrics}
+    for i, layer in enumerate(source.layers):
+        c = evaluate_entry(source, step, layer, {"r": recipe}, heads=heads, n_queries=n_queries,
+                           dense_policy=dense_policy, cache=cache)
+        for m in metrics:
+            out[m][i] = c.evals["r"].heads[boundary][m]
+    return out
+
+
+# The name this function had before the evaluation stage existed.
+evaluate_recipes = evaluate

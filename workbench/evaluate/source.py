@@ -1,0 +1,111 @@
+"""Where the evaluation stage reads entries from: a capture store (or in-memory q/k/v), cached.
+
+``ReplaySource`` wraps ``workbench.capture.open_capture`` with a small cache of entries decoded to
+float32 on the evaluation device; ``find_store`` / ``shipped_stores`` locate the stores shipped
+under ``captures/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from workbench.attention import SegmentLayout
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CAPTURES_DIR = REPO_ROOT / "captures"
+
+
+def default_device() -> str:
+    """The reference path runs on CUDA when present, else on the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def shipped_stores(root: Path | str = CAPTURES_DIR) -> list[Path]:
+    """Capture stores (directories holding a zarr.json) under captures/, sorted by name."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "zarr.json").exists())
+
+
+def find_store(store: str | Path | None = None) -> Path:
+    """`store` if given, else the first store shipped under captures/ (FileNotFoundError if
+    none)."""
+    if store:
+        p = Path(store)
+        if not (p / "zarr.json").exists():
+            raise FileNotFoundError(f"{p}: no capture store here (no zarr.json)")
+        return p
+    found = shipped_stores()
+    if not found:
+        raise FileNotFoundError(
+            f"no capture store under {CAPTURES_DIR}; make one with `workbench capture --model "
+            "h3-tiny --out captures/h3_tiny.zarr`")
+    return found[0]
+
+
+class ReplaySource:
+    """Entries of a capture store (or one in-memory q/k/v) as float32 tensors, cached.
+
+    q [B, S, H, D], k/v [B, S, Hkv, D]. ``heads`` are the captured query head ids.
+    """
+
+    def __init__(self, store: str | Path | None = None, *, tensors=None,
+                 layout: SegmentLayout | None = None, rotated: int = 96, name: str = "tensors",
+                 device: str | None = None, cache_size: int = 16):
+        self.device = device or default_device()
+        self._cache: dict = {}
+        self._cache_size = cache_size
+        if tensors is not None:
+            q, k, v = tensors
+            self.path = None
+            self.name = name
+            self.steps, self.layers = [0], [0]
+            self.heads = list(range(q.shape[2]))
+            self.layout = layout or SegmentLayout.all_video(q.shape[1])
+            self.rotated = rotated
+            self._cache[(0, 0)] = tuple(t.float().to(self.device) for t in (q, k, v))
+            self.cap = None
+            return
+        from workbench.capture import open_capture
+
+        self.path = find_store(store)
+        self.name = self.path.name
+        self.cap = open_capture(self.path)
+        self.steps = self.cap.steps or [None]
+        self.layers = self.cap.layers
+        if not self.layers:
+            raise FileNotFoundError(f"{self.path}: no complete (step, layer) entries")
+        e = self.cap.find(self.steps[0], self.layers[0])
+        meta = self.cap.root[e.path].attrs
+        self.heads = [int(h) for h in meta["q_heads"]]
+        self.layout = self.cap.layout
+        self.rotated = int(self.cap.rotated_channels or rotated)
+
+    def describe(self) -> str:
+        seq = self.layout.total
+        return (f"{self.name}: steps {self.steps}, layers {self.layers}, heads {self.heads}, "
+                f"{seq:,} rows {self.layout.to_dict()}, rotated channels {self.rotated}")
+
+    def qkv(self, step, layer, heads=None):
+        """(q, k, v) float32 on the source's device; heads = captured query head ids (None: all)."""
+        key = (step, layer)
+        if key not in self._cache:
+            if self.cap is None:
+                raise KeyError(f"in-memory source has only (step, layer) = (0, 0), not {key}")
+            q, k, v = self.cap.qkv(step, layer)
+            if len(self._cache) >= self._cache_size:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = tuple(t.float().to(self.device) for t in (q, k, v))
+        q, k, v = self._cache[key]
+        if heads is None or list(heads) == self.heads:
+            return q, k, v
+        from workbench.attention import select_heads
+
+        missing = [h for h in heads if h not in self.heads]
+        if missing:
+            raise KeyError(f"{self.name}: heads {missing} were not captured; captured heads: "
+                           f"{self.heads}")
+        return select_heads(q, k, v, [self.heads.index(h) for h in heads])
