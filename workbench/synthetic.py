@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.attention.layout import H3_LIVE_LAYOUT, SegmentLayout
+from workbench.layout import H3_LIVE_LAYOUT, SegmentLayout
 
 
 @dataclass(frozen=True)

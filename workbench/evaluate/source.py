@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.attention import SegmentLayout
+from workbench.layout import SegmentLayout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CAPTURES_DIR = REPO_ROOT / "captures"

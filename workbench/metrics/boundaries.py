@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.attention.layout import SegmentLayout
+from workbench.layout import SegmentLayout
 from workbench.attention.reference import AttentionResult
 
 from .tensor import stats_overall_and_per_head
