@@ -257,6 +257,23 @@ def test_dispatch_support_rules():
     assert dispatch.try_kernel(q, k, v, "fp8_dense") is None  # CPU tensors: reference path
     with pytest.raises(ValueError, match="sparse"):
         dispatch.fp8_recipe_attention(q, k, v, "fp8_sol_kv_corrected")
+    for p_scaling in ("exp2_offset8", "rowmax448"):
+        rec = dispatch.get_recipe(f"fp8_dense:p_scaling={p_scaling}")
+        assert dispatch.unsupported_reason(q, k, v, rec) is None
+    with pytest.raises(ValueError, match="p_scaling"):
+        fp8_attention_fwd(None, num_heads=1, scale=1.0, p_scaling="rowmax")
+
+
+def test_former_tuning_keywords_still_work_with_a_deprecation_warning():
+    q, k, v = biased_qkv(S=70)
+    with pytest.warns(DeprecationWarning, match="config="):
+        a = dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", block_n=64)
+    assert torch.equal(a, dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", config=SMALL))
+    with pytest.warns(DeprecationWarning, match="TUNING"):
+        assert dispatch.TUNING["block_m"] == DEFAULT.attention.block_m
+    with pytest.raises(TypeError, match="lazy_tau"), pytest.warns(DeprecationWarning):
+        # a removed option is refused by name
+        dispatch.fp8_recipe_attention(q, k, v, "fp8_dense", lazy_tau=8.0)
 
 
 @pytest.mark.parametrize("S", [100, 300])
@@ -313,3 +330,27 @@ def test_permuted_v_and_p_operand_give_the_attention_of_token_order():
     assert bool(((order // 32) == (torch.arange(512) // 32)).all())
     # lane 0's A-operand keys 0-3 and 16-19 = its accumulator columns 0, 1, 8, 9, 16, 17, 24, 25
     assert order[:4].tolist() + order[16:20].tolist() == [0, 1, 8, 9, 16, 17, 24, 25]
+
+
+def test_p_scaling_matches_the_emulation_where_unit_loses_accuracy():
+    """Each P scaling in the kernel (a constant offset in the exponent) against its torch
+    emulation, on rows whose mass sits in many P values near 2^-10.5 (E4M3 subnormals for the
+    unit P) and an unsmoothed V bias: kernel error <= 1.25x the emulation's, LSE unchanged by the
+    scale; the unit P's error is over 2.5x the scaled ones', so a kernel that ignored the scaling
+    fails the first check. 64-key tiles, and 128-key tiles (folded K scales) for one scaling."""
+    from workbench.bench.inputs import sink_inputs
+
+    q, k, v = sink_inputs(1, 256, 2, 64)
+    ref, _ = dense_attention_f64(q, k, v)
+    errs = {}
+    for p_scaling, cfg in [("unit", SMALL), ("exp2_offset8", SMALL), ("rowmax448", SMALL),
+                           ("exp2_offset8", PROD)]:
+        name = f"fp8_dense_k:p_scaling={p_scaling}"
+        emu = recipe_attention(q, k, v, name)
+        out, lse = dispatch.fp8_recipe_attention(q, k, v, name, config=cfg, return_lse=True)
+        e_kernel, e_emu = rel_l2(out, ref), rel_l2(emu.out, ref)
+        assert e_kernel <= 1.25 * e_emu, (p_scaling, e_kernel, e_emu)
+        torch.testing.assert_close(lse.transpose(1, 2), emu.lse, rtol=0, atol=2e-2)
+        errs[p_scaling] = (e_kernel, e_emu)
+    for p_scaling in ("exp2_offset8", "rowmax448"):
+        assert errs["unit"][0] > 2.5 * errs[p_scaling][1], errs

@@ -260,11 +260,11 @@ def fp8_attention_fwd(
     p_scaling: the recipe's P scaling ("unit", "exp2_offset8", "rowmax448"; module docstring).
     config: tiling and launch (``config.AttentionConfig``; default = the measured H200 values).
     """
+    if p_scaling not in P_LOG2_SCALES:
+        raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
-    if p_scaling not in P_LOG2_SCALES:
-        raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
     c = config
     if c.flush == "fma" and D > c.max_imprecise:
         raise ValueError(f"flush='fma' flushes after head_dim={D} FP8 terms, more than "
