@@ -187,6 +187,8 @@ def test_attention_config_variants_within_tolerance(attention):
     # and the variant moves the output by far less than the recipe's own error
     base = fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected")
     assert rel_l2(out[:, idx], base[:, idx].double()) < 0.2 * rel_l2(emu.out, ref)
+    if attention == {"use_tma": False}:  # pointer loads feed the same operands: the same bits
+        assert torch.equal(out, base)
 
 
 @pytest.mark.parametrize("p_scaling", ["unit", "exp2_offset8", "rowmax448"])
