@@ -1,0 +1,228 @@
+"""Schema checks of every JSON file of a capture store; each problem names the file and the field.
+
+``load_json(path, rel)`` reads one metadata file; ``root_problems``, ``entry_problems`` and
+``array_problems`` return one line per problem (empty when the file follows the schema in
+docs/store_schema.md). The reader raises the first problem as ``MetadataError`` before it uses an
+entry; ``CaptureReader.verify`` lists all of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .schema import (
+    CHUNK_RECORD,
+    QKV,
+    SCHEMA_NAME,
+    STATUS_COMPLETE,
+    STATUS_WRITING,
+    MetadataError,
+    _STORED,
+    dtype_name,
+)
+
+_DTYPES = {dtype_name(d): np_dt for d, (np_dt, _) in _STORED.items()}
+KNOWN_STATUS = (STATUS_WRITING, STATUS_COMPLETE)
+
+
+def load_json(path: Path, rel: str) -> dict:
+    """Parse one metadata file; MetadataError naming ``rel`` when it is missing or not JSON."""
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MetadataError(f"{rel}: missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MetadataError(f"{rel}: unreadable ({exc})") from None
+    except ValueError as exc:
+        raise MetadataError(f"{rel}: not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise MetadataError(f"{rel}: expected a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _int_list(x, n: int | None = None, positive: bool = False) -> bool:
+    return (isinstance(x, list) and all(_is_int(i) and (i > 0 if positive else i >= 0) for i in x)
+            and (n is None or len(x) == n))
+
+
+def _node(meta: dict, rel: str, kind: str) -> list[str]:
+    out = []
+    if meta.get("zarr_format") != 3:
+        out.append(f"{rel}: zarr_format is {meta.get('zarr_format')!r}, expected 3")
+    if meta.get("node_type") != kind:
+        out.append(f"{rel}: node_type is {meta.get('node_type')!r}, expected {kind!r}")
+    if not isinstance(meta.get("attributes", {}), dict):
+        out.append(f"{rel}: attributes is not a JSON object")
+    return out
+
+
+def group_problems(meta: dict, rel: str) -> list[str]:
+    """A plain group (entries/, entries/s00005/): zarr v3 group metadata."""
+    return _node(meta, rel, "group")
+
+
+_ROOT_TYPES = {
+    "schema": (str,), "tensor_layout": (str,), "model_class": (str, type(None)),
+    "model_config": (dict, type(None)), "segment_layout": (dict, type(None)),
+    "recipe": (str, type(None)), "prompt": (str, int, type(None)),
+    "include_refiner": (bool,), "model_name": (str, type(None)),
+}
+_ROOT_INTS = ("schema_version", "rotated_channels", "seed", "sampling_grid_points")
+_ROOT_INT_LISTS = ("layers_requested", "steps_requested", "heads", "query_rows")
+
+
+def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
+    out = _node(meta, rel, "group")
+    a = meta.get("attributes") or {}
+    if not isinstance(a, dict):
+        return out
+    if a.get("schema") != SCHEMA_NAME:
+        out.append(f"{rel}: schema is {a.get('schema')!r}, expected {SCHEMA_NAME!r}")
+    for key, types in _ROOT_TYPES.items():
+        if key in a and not isinstance(a[key], types):
+            out.append(f"{rel}: {key} has type {type(a[key]).__name__}, expected "
+                       f"{' or '.join('null' if t is type(None) else t.__name__ for t in types)}")
+    for key in _ROOT_INTS:
+        if key in a and a[key] is not None and not (_is_int(a[key]) and a[key] >= 0):
+            out.append(f"{rel}: {key} is {a[key]!r}, expected a non-negative integer or null")
+    for key in _ROOT_INT_LISTS:
+        if key in a and a[key] is not None and not _int_list(a[key]):
+            out.append(f"{rel}: {key} is {a[key]!r}, expected a list of non-negative integers")
+    if a.get("tensor_layout", "BSHD") != "BSHD":
+        out.append(f"{rel}: tensor_layout is {a['tensor_layout']!r}, expected 'BSHD'")
+    seg = a.get("segment_layout")
+    if isinstance(seg, dict):
+        bad = {k: v for k, v in seg.items()
+               if k not in ("text", "conditioning", "audio", "video") or not _is_int(v) or v < 0}
+        if bad:
+            out.append(f"{rel}: segment_layout has bad fields {bad}")
+    if isinstance(a.get("recipe"), str):
+        try:
+            json.loads(a["recipe"])
+        except ValueError:
+            if a["recipe"] != "native":
+                out.append(f"{rel}: recipe is not a JSON recipe spec")
+    return out
+
+
+def step_dir_name(step) -> str:
+    return "s_none" if step is None else f"s{int(step):05d}"
+
+
+def entry_problems(attrs: dict, rel: str, step_dir: str | None = None) -> list[str]:
+    """Entry attributes: types, and shapes / heads that agree with each other."""
+    out = []
+
+    def bad(field, value, want):
+        out.append(f"{rel}: {field} is {value!r}, expected {want}")
+
+    if not isinstance(attrs.get("name"), str) or not attrs.get("name"):
+        bad("name", attrs.get("name"), "a non-empty string")
+    for key in ("step", "layer"):
+        if attrs.get(key) is not None and not (_is_int(attrs[key]) and attrs[key] >= 0):
+            bad(key, attrs.get(key), "a non-negative integer or null")
+    if step_dir is not None and (attrs.get("step") is None or _is_int(attrs.get("step"))):
+        if step_dir_name(attrs.get("step")) != step_dir:
+            bad("step", attrs.get("step"), f"the step of its folder {step_dir!r}")
+    if attrs.get("status") not in KNOWN_STATUS:
+        bad("status", attrs.get("status"), f"one of {list(KNOWN_STATUS)}")
+    if attrs.get("torch_dtype") not in _DTYPES:
+        bad("torch_dtype", attrs.get("torch_dtype"), f"one of {sorted(_DTYPES)}")
+    sq, skv = attrs.get("shape_q"), attrs.get("shape_kv")
+    if not _int_list(sq, 4, positive=True):
+        bad("shape_q", sq, "4 positive integers [B, S, H, D]")
+    if not _int_list(skv, 4, positive=True):
+        bad("shape_kv", skv, "4 positive integers [B, S, Hkv, D]")
+    for key in ("num_heads", "num_kv_heads"):
+        if not (_is_int(attrs.get(key)) and attrs[key] > 0):
+            bad(key, attrs.get(key), "a positive integer")
+    for key in ("q_heads", "kv_heads"):
+        if not _int_list(attrs.get(key)):
+            bad(key, attrs.get(key), "a list of head ids")
+    if not isinstance(attrs.get("has_query_rows"), bool):
+        bad("has_query_rows", attrs.get("has_query_rows"), "true or false")
+    if CHUNK_RECORD in attrs and not _chunk_record_ok(attrs[CHUNK_RECORD]):
+        bad(CHUNK_RECORD, "...", "{array: {chunk key: crc32c}}")
+    if out:
+        return out
+    # Cross-field consistency (types are right from here on).
+    H, Hkv = attrs["num_heads"], attrs["num_kv_heads"]
+    if sq[0] != skv[0]:
+        out.append(f"{rel}: shape_q batch {sq[0]} differs from shape_kv batch {skv[0]}")
+    if sq[3] != skv[3]:
+        out.append(f"{rel}: shape_q head_dim {sq[3]} differs from shape_kv head_dim {skv[3]}")
+    if not attrs["has_query_rows"] and sq[1] != skv[1]:
+        out.append(f"{rel}: shape_q has {sq[1]} rows but shape_kv {skv[1]} (no query_rows)")
+    if "seq_len" in attrs and attrs["seq_len"] != skv[1]:
+        bad("seq_len", attrs["seq_len"], f"shape_kv's {skv[1]} rows")
+    if H % Hkv:
+        out.append(f"{rel}: num_kv_heads {Hkv} does not divide num_heads {H}")
+    if len(attrs["q_heads"]) != sq[2] or any(h >= H for h in attrs["q_heads"]):
+        bad("q_heads", attrs["q_heads"], f"{sq[2]} head ids below num_heads {H}")
+    if len(attrs["kv_heads"]) != skv[2] or any(h >= Hkv for h in attrs["kv_heads"]):
+        bad("kv_heads", attrs["kv_heads"], f"{skv[2]} head ids below num_kv_heads {Hkv}")
+    return out
+
+
+def _chunk_record_ok(rec) -> bool:
+    return isinstance(rec, dict) and all(
+        isinstance(v, dict) and all(isinstance(k, str) and (c is None or _is_int(c))
+                                    for k, c in v.items())
+        for v in rec.values())
+
+
+def expected_array(name: str, attrs: dict) -> tuple[list[int], str, str | None]:
+    """(shape, zarr data_type, torch_dtype attribute) an entry's array must have."""
+    if name == "q_rows":
+        return [attrs["shape_q"][1]], "int64", None
+    shape = attrs["shape_q"] if name == "q" else attrs["shape_kv"]
+    return list(shape), str(_DTYPES[attrs["torch_dtype"]]), attrs["torch_dtype"]
+
+
+def array_names(attrs: dict) -> tuple[str, ...]:
+    return QKV + (("q_rows",) if attrs.get("has_query_rows") else ())
+
+
+def array_problems(meta: dict, rel: str, name: str, entry_attrs: dict) -> list[str]:
+    """Array metadata against the (already validated) entry attributes."""
+    out = _node(meta, rel, "array")
+    if out:
+        return out
+    shape, data_type, tdt = expected_array(name, entry_attrs)
+    if meta.get("shape") != shape:
+        out.append(f"{rel}: shape is {meta.get('shape')!r}, but the entry attributes say {shape}")
+    if meta.get("data_type") != data_type:
+        out.append(f"{rel}: data_type is {meta.get('data_type')!r}, expected {data_type!r} for "
+                   f"torch_dtype {entry_attrs['torch_dtype']!r}")
+    attrs = meta.get("attributes") or {}
+    if tdt is not None and attrs.get("torch_dtype") != tdt:
+        out.append(f"{rel}: torch_dtype is {attrs.get('torch_dtype')!r}, but the entry says "
+                   f"{tdt!r}")
+    grid = meta.get("chunk_grid") or {}
+    cs = (grid.get("configuration") or {}).get("chunk_shape") if isinstance(grid, dict) else None
+    if grid.get("name") != "regular" or not _int_list(cs, len(shape), positive=True):
+        out.append(f"{rel}: chunk_grid is {grid!r}, expected a regular grid of {len(shape)} "
+                   f"positive chunk sizes")
+    codecs = meta.get("codecs")
+    names = [c.get("name") for c in codecs] if isinstance(codecs, list) and all(
+        isinstance(c, dict) for c in codecs) else None
+    if names not in (["bytes", "crc32c"], ["bytes", "zstd", "crc32c"]):
+        out.append(f"{rel}: codecs are {names!r}, expected bytes, [zstd,] crc32c")
+    return out
+
+
+def chunk_keys(meta: dict) -> list[str]:
+    """Every chunk key ("c/0/0/1/0") of the array's regular grid (default key encoding)."""
+    shape = meta["shape"]
+    cs = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    enc = meta.get("chunk_key_encoding") or {}
+    sep = (enc.get("configuration") or {}).get("separator", "/")
+    counts = [-(-n // c) for n, c in zip(shape, cs)]
+    return ["c" + sep + sep.join(str(i) for i in idx) for idx in np.ndindex(*counts)]

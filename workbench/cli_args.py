@@ -1,0 +1,138 @@
+"""Argument grammar shared by every ``workbench`` subcommand.
+
+Integer lists (layers, steps, heads): ``0,2,5``, inclusive ranges ``0-3``, mixes ``0-3,8``, or
+``all`` (every one: returned as None). Counts, devices and output paths are checked here too, before
+any work starts. Every error is a ValueError (or argparse's own) naming the flag, which
+``workbench.cli.main`` prints as one line ``workbench CMD: error: ...`` with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+MAX_LIST = 100_000  # longest list a range may expand to (a typo like 0-9999999999 is an error)
+_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+LIST_GRAMMAR = "integers like 0,2,5 or ranges like 0-3"
+
+
+def _grammar(allow_all: bool) -> str:
+    return LIST_GRAMMAR + (", or all" if allow_all else "")
+
+
+def parse_int_list(text: str | None, flag: str, *, allow_all: bool = True) -> list[int] | None:
+    """``0,2,5`` / ``0-3`` / ``0-3,8`` -> sorted-as-given list without repeats; ``all`` or None ->
+    None (no selection). Negative numbers are not indices here and are refused."""
+    if text is None:
+        return None
+    s = str(text).strip()
+    if allow_all and s.lower() == "all":
+        return None
+    if not s:
+        raise ValueError(f"{flag}: empty; give {_grammar(allow_all)}")
+    out: list[int] = []
+    seen: set[int] = set()
+    for part in s.split(","):
+        part = part.strip()
+        m = _ITEM.fullmatch(part)
+        if not m:
+            raise ValueError(f"{flag}: {part!r} is not a non-negative integer or a range "
+                             f"(in {s!r}); give {_grammar(allow_all)}")
+        lo = int(m[1])
+        hi = int(m[2]) if m[2] is not None else lo
+        if hi < lo:
+            raise ValueError(f"{flag}: range {part!r} runs backwards; write {hi}-{lo}")
+        if hi - lo + len(out) >= MAX_LIST:
+            raise ValueError(f"{flag}: {part!r} expands to more than {MAX_LIST} values")
+        for x in range(lo, hi + 1):
+            if x not in seen:
+                seen.add(x)
+                out.append(x)
+    return out
+
+
+def check_in_range(values: list[int] | None, n: int, flag: str, what: str) -> None:
+    """Every value of an index list must lie in [0, n)."""
+    if values is None:
+        return
+    bad = [x for x in values if not 0 <= x < n]
+    if bad:
+        raise ValueError(f"{flag}: {bad} out of range: {what} has {n} (0-{n - 1})")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def check_device(text: str, flag: str = "--device") -> str:
+    """A torch device string that exists on this machine."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{flag}: {text!r} is not a torch device (cpu, cuda, cuda:1, ...)") \
+            from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{flag} {text}: CUDA is not available on this machine (torch "
+                             f"{torch.__version__}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{flag} {text}: this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s)")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{flag} {text}: MPS is not available on this machine; use --device cpu")
+    return text
+
+
+def _nearest_existing(path: Path) -> Path:
+    for p in (path, *path.parents):
+        if p.exists():
+            return p
+    return Path(".")
+
+
+def check_out_dir(path, flag: str = "--out") -> Path:
+    """An output folder: absent (it will be made) or a directory, under a writable ancestor."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {p}: exists and is a file, not a folder; choose another path")
+    base = _nearest_existing(p)
+    if not base.is_dir():
+        raise ValueError(f"{flag} {p}: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {p}: cannot write there ({base} is not writable)")
+    return p
+
+
+def check_out_file(path, flag: str) -> Path:
+    """An output file: not a directory, in a folder that exists or can be made."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {p}: is a folder; give a file path (e.g. {p / 'table.json'})")
+    if p.parent != p and p.parent.exists() and not p.parent.is_dir():
+        raise ValueError(f"{flag} {p}: {p.parent} is a file, not a folder")
+    base = _nearest_existing(p.parent)
+    if base.is_dir() and not os.access(base, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {p}: cannot write there ({base} is not writable)")
+    return p
