@@ -9,8 +9,8 @@ any work starts. Every error is a ValueError (or argparse's own) naming the flag
 from __future__ import annotations
 
 import argparse
-import os
 import re
+import tempfile
 from pathlib import Path
 
 MAX_LIST = 100_000  # longest list a range may expand to (a typo like 0-9999999999 is an error)
@@ -53,13 +53,15 @@ def parse_int_list(text: str | None, flag: str, *, allow_all: bool = True) -> li
     return out
 
 
-def check_in_range(values: list[int] | None, n: int, flag: str, what: str) -> None:
-    """Every value of an index list must lie in [0, n)."""
+def check_in_range(values: list[int] | None, n: int, flag: str, owner: str, unit: str) -> None:
+    """Every value of an index list must lie in [0, n): '--layers: [99] out of range for h3-tiny,
+    which has 2 blocks (0-1)'."""
     if values is None:
         return
     bad = [x for x in values if not 0 <= x < n]
     if bad:
-        raise ValueError(f"{flag}: {bad} out of range: {what} has {n} (0-{n - 1})")
+        raise ValueError(f"{flag}: {bad} out of range for {owner}, which has {n} {unit} "
+                         f"(0-{n - 1})")
 
 
 def positive_int(text: str) -> int:
@@ -112,16 +114,26 @@ def _nearest_existing(path: Path) -> Path:
     return Path(".")
 
 
+def _probe_write(base: Path, flag: str, p: Path) -> None:
+    """Create and delete a temporary file in ``base``: permission bits do not tell a read-only
+    filesystem, or root, apart."""
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag} {p}: cannot write in {base} ({exc.strerror or exc})") from None
+
+
 def check_out_dir(path, flag: str = "--out") -> Path:
-    """An output folder: absent (it will be made) or a directory, under a writable ancestor."""
+    """An output folder: absent (it will be made) or a directory, where a file can be written
+    (probed in the nearest existing folder)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"{flag} {p}: exists and is a file, not a folder; choose another path")
     base = _nearest_existing(p)
     if not base.is_dir():
         raise ValueError(f"{flag} {p}: {base} is a file, not a folder")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {p}: cannot write there ({base} is not writable)")
+    _probe_write(base, flag, p)
     return p
 
 
@@ -133,6 +145,7 @@ def check_out_file(path, flag: str) -> Path:
     if p.parent != p and p.parent.exists() and not p.parent.is_dir():
         raise ValueError(f"{flag} {p}: {p.parent} is a file, not a folder")
     base = _nearest_existing(p.parent)
-    if base.is_dir() and not os.access(base, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {p}: cannot write there ({base} is not writable)")
+    if not base.is_dir():
+        raise ValueError(f"{flag} {p}: {base} is a file, not a folder")
+    _probe_write(base, flag, p)
     return p

@@ -31,12 +31,12 @@ from .writer import DEFAULT_CHUNK_BYTES, chunk_record, chunk_shape, codecs_for
 def _check_distinct(src: Path, dst: Path) -> None:
     rs, rd = src.resolve(), dst.resolve()
     if rs == rd:
-        raise CaptureStoreError(f"archive: SRC {src} and DST {dst} are the same store ({rs}); "
+        raise CaptureStoreError(f"SRC {src} and DST {dst} are the same store ({rs}); "
                                 f"write the archive to a new path")
     if rd.is_relative_to(rs):
-        raise CaptureStoreError(f"archive: DST {dst} lies inside SRC {src}; choose a path outside")
+        raise CaptureStoreError(f"DST {dst} lies inside SRC {src}; choose a path outside")
     if rs.is_relative_to(rd):
-        raise CaptureStoreError(f"archive: SRC {src} lies inside DST {dst}; choose another DST")
+        raise CaptureStoreError(f"SRC {src} lies inside DST {dst}; choose another DST")
 
 
 def archive_store(src, dst, *, level: int = 3, overwrite: bool = False) -> dict:
@@ -44,11 +44,15 @@ def archive_store(src, dst, *, level: int = 3, overwrite: bool = False) -> dict:
     src, dst = Path(src), Path(dst)
     reader = open_capture(src)
     _check_distinct(src, dst)
-    kind = check_target(dst, overwrite=overwrite, flag="DST")
+    kind = check_target(dst, overwrite=overwrite, flag="DST", can_resume=False)
     codecs = codecs_for(f"zstd:{level}")
-    made = make_dirs(dst.parent)
     tmp = sibling(dst, "archiving")
-    tmp.mkdir()
+    try:
+        made = make_dirs(dst.parent)
+        tmp.mkdir()
+    except OSError as exc:
+        raise CaptureStoreError(f"DST {dst}: cannot write the archive there: "
+                                f"{exc.strerror or exc} ({exc.filename})") from None
     try:
         attrs = dict(reader.attrs, archived_from=str(src), archived_unix=time.time(),
                      archive_compressor=f"zstd:{level}")

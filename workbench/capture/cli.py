@@ -42,8 +42,8 @@ def cmd_capture(args) -> int:
         if steps is not None:
             raise ValueError("--steps: minilm is one forward (no denoising steps); leave it out")
         model, tok = load_minilm()
-        check_in_range(layers, model.config.num_hidden_layers, "--layers", "minilm's layer list")
-        check_in_range(heads, model.config.num_attention_heads, "--heads", "minilm's head list")
+        check_in_range(layers, model.config.num_hidden_layers, "--layers", "minilm", "layers")
+        check_in_range(heads, model.config.num_attention_heads, "--heads", "minilm", "heads")
         batch = minilm_batch(tok, args.prompt)
         with capture(model, args.out, extra_attrs={"model_name": "minilm"},
                      **{**kw, "steps": None}) as cap:
@@ -59,9 +59,9 @@ def cmd_capture(args) -> int:
         n_calls = h3.schedule_steps(args.num_steps, "--num-steps")
         h3.check_capture_steps(steps, args.num_steps, "--steps", "--num-steps")
         n_blocks = len(h3.model.transformer_blocks)
-        check_in_range(layers, n_blocks, "--layers", f"{h3.name}'s block list")
-        check_in_range(heads, h3.model.config.num_attention_heads, "--heads",
-                       f"{h3.name}'s query head list")
+        check_in_range(layers, n_blocks, "--layers", h3.name, "blocks")
+        check_in_range(heads, h3.model.config.num_attention_heads, "--heads", h3.name,
+                       "query heads")
         expected = {entry_path(s, f"transformer_blocks.{i}")
                     for s in (steps if steps is not None else range(n_calls))
                     for i in (layers if layers is not None else range(n_blocks))}
@@ -86,9 +86,9 @@ def cmd_inspect(args) -> int:
     from .inspect import inspect_store
     from .replay import open_capture
 
-    print(inspect_store(args.store, stats=not args.no_stats))
+    print(inspect_store(args.store, stats=not args.no_stats, strict=not args.verify))
     if args.verify:
-        problems, notes = open_capture(args.store).verify_report()
+        problems, notes = open_capture(args.store, strict=False).verify_report()
         print("\nverify: " + ("metadata valid, every chunk present, all chunks pass crc32c"
                               if not problems else f"{len(problems)} problem(s)"))
         for p in problems:

@@ -47,6 +47,14 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _comparable(key: str, value):
+    """Model configs carry library bookkeeping ("_diffusers_version", "_use_default_values" in
+    set order): leave the underscore keys out."""
+    if key in ("model_config", "h3_config") and isinstance(value, dict):
+        return {k: v for k, v in value.items() if not str(k).startswith("_")}
+    return value
+
+
 def identity_mismatches(stored: dict, new: dict) -> list[tuple[str, str, object, object]]:
     """[(field, flag, stored value, new value)] for every identity field that differs.
 
@@ -56,7 +64,7 @@ def identity_mismatches(stored: dict, new: dict) -> list[tuple[str, str, object,
     for key, flag in IDENTITY_FIELDS.items():
         if key not in stored or key not in new:
             continue
-        a, b = stored[key], new[key]
+        a, b = _comparable(key, stored[key]), _comparable(key, new[key])
         if key in _ONLY_IF_BOTH and (a is None or b is None):
             continue
         if json.dumps(a, sort_keys=True, default=str) != json.dumps(b, sort_keys=True,

@@ -73,12 +73,14 @@ def _fmt(x: float) -> str:
     return "-" if x != x else f"{x:.4g}"
 
 
-def inspect_store(path, stats: bool = True) -> str:
-    r = open_capture(path)
+def inspect_store(path, stats: bool = True, strict: bool = True) -> str:
+    """The inspect view; ``strict=False`` shows a store whose root attributes are damaged (the
+    problems are listed by ``verify``)."""
+    r = open_capture(path, strict=strict)
     a = r.attrs
     lines = [
         f"store: {path}",
-        f"schema: {a['schema']} v{a['schema_version']}",
+        f"schema: {a.get('schema')} v{a.get('schema_version')}",
         f"model: {a.get('model_class')}",
         f"capture point: {a.get('capture_point')}",
         f"segment layout: {json.dumps(a.get('segment_layout'))}",

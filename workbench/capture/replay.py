@@ -79,16 +79,23 @@ def bits_to_float32(a: np.ndarray, dtype_name: str) -> np.ndarray:
 class CaptureReader:
     """A capture store opened for reading. Safe to open while a writer is still filling it."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, strict: bool = True):
+        """strict=False opens a store whose root attributes break the schema (``verify`` lists
+        the problems); by default such a store is refused, naming the file and field."""
         self.path = Path(path)
-        if not (self.path / "zarr.json").exists():
+        root_file = self.path / "zarr.json"
+        if not root_file.exists():
             raise FileNotFoundError(f"{self.path}: no capture store here (no zarr.json)")
+        meta = load_json(root_file, str(root_file))
+        check_schema(meta.get("attributes") or {}, str(self.path))
+        self.root_problems = root_problems(meta, str(root_file))
+        if strict and self.root_problems:
+            raise MetadataError(self.root_problems[0] + "; see workbench inspect --verify")
         try:
             self.root = zarr.open_group(str(self.path), mode="r")
         except Exception as exc:  # noqa: BLE001 - say which store, keep the cause
             raise CaptureStoreError(f"{self.path}: cannot open store: {exc}") from exc
         self.attrs: dict[str, Any] = dict(self.root.attrs)
-        check_schema(self.attrs, str(self.path))
         self._entries: list[EntryInfo] | None = None
         self._meta: dict[str, tuple[dict, dict]] = {}  # entry path -> (attrs, {array: metadata})
 
@@ -167,7 +174,7 @@ class CaptureReader:
 
     @property
     def rotated_channels(self) -> int | None:
-        return self.attrs.get("rotated_channels")
+        return _int_or_none(self.attrs.get("rotated_channels"))
 
     @property
     def recipe(self):
@@ -297,13 +304,8 @@ class CaptureReader:
     def verify_report(self) -> tuple[list[str], list[str]]:
         """(problems, notes): ``verify`` plus notes that are not errors (e.g. entries written
         before chunk records existed, whose missing chunks cannot be told from all-zero ones)."""
-        problems: list[str] = []
+        problems: list[str] = list(self.root_problems)
         unrecorded: list[str] = []
-        root_file = self.path / "zarr.json"
-        try:
-            problems += root_problems(load_json(root_file, str(root_file)), str(root_file))
-        except MetadataError as exc:
-            problems.append(str(exc))
         base = self.path / "entries"
         group_dirs = [base, *sorted(p for p in base.iterdir() if p.is_dir())] \
             if base.is_dir() else []
@@ -474,6 +476,7 @@ def _chunk_problems(store: Path, e: EntryInfo, name: str, meta: dict,
     return out
 
 
-def open_capture(path: str | os.PathLike) -> CaptureReader:
-    """Open a capture store for replay (refuses unknown / newer schema versions)."""
-    return CaptureReader(path)
+def open_capture(path: str | os.PathLike, strict: bool = True) -> CaptureReader:
+    """Open a capture store for replay (refuses unknown / newer schema versions, and root
+    attributes that break the schema unless ``strict=False``)."""
+    return CaptureReader(path, strict=strict)

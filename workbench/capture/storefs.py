@@ -66,11 +66,12 @@ def _examples(path: Path, limit: int = 3) -> str:
 
 
 def check_target(path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
-                 flag: str = "") -> str:
+                 flag: str = "", can_resume: bool = True) -> str:
     """Classify ``path`` as a store destination, refusing what must not be written.
 
     Returns "new" (missing, or an empty directory), "resume" (a store to continue) or "replace"
-    (a store to overwrite). Raises CaptureStoreError naming the path otherwise.
+    (a store to overwrite). Raises CaptureStoreError naming the path (after ``flag``, the CLI
+    word for it) otherwise; ``can_resume=False`` for writers without ``--resume`` (archive).
     """
     p = Path(path)
     where = f"{flag} {p}" if flag else str(p)
@@ -98,10 +99,9 @@ def check_target(path: str | os.PathLike, *, resume: bool = False, overwrite: bo
     if resume:
         return "resume"
     if not overwrite:
-        raise CaptureStoreError(
-            f"{where}: a capture store already exists; pass --resume to continue it or "
-            f"--overwrite to replace it"
-        )
+        how = "pass --resume to continue it or --overwrite to replace it" if can_resume else \
+            "pass --overwrite to replace it"
+        raise CaptureStoreError(f"{where}: a capture store already exists; {how}")
     foreign = foreign_names(p)
     if foreign:
         raise CaptureStoreError(

@@ -15,6 +15,7 @@ import numpy as np
 
 from .schema import (
     CHUNK_RECORD,
+    DIMS,
     QKV,
     SCHEMA_NAME,
     STATUS_COMPLETE,
@@ -68,14 +69,33 @@ def group_problems(meta: dict, rel: str) -> list[str]:
     return _node(meta, rel, "group")
 
 
+_NUM = (int, float)
+_NONE = type(None)
 _ROOT_TYPES = {
-    "schema": (str,), "tensor_layout": (str,), "model_class": (str, type(None)),
-    "model_config": (dict, type(None)), "segment_layout": (dict, type(None)),
-    "recipe": (str, type(None)), "prompt": (str, int, type(None)),
-    "include_refiner": (bool,), "model_name": (str, type(None)),
+    "schema": (str,), "tensor_layout": (str,), "capture_point": (str,),
+    "model_class": (str, _NONE), "model_config": (dict, _NONE), "model_dtype": (str, _NONE),
+    "model_name": (str, _NONE), "checkpoint_id": (str, _NONE), "h3_config": (dict, _NONE),
+    "segment_layout": (dict, _NONE), "recipe": (str, _NONE), "prompt": (str, int, _NONE),
+    "include_refiner": (bool,), "library_versions": (dict,),
+    "created_unix": _NUM, "resumed_unix": _NUM, "last_closed_unix": _NUM,
 }
-_ROOT_INTS = ("schema_version", "rotated_channels", "seed", "sampling_grid_points")
+_ROOT_INTS = ("schema_version", "rotated_channels", "seed", "sampling_grid_points", "resume_count")
 _ROOT_INT_LISTS = ("layers_requested", "steps_requested", "heads", "query_rows")
+_ENTRY_TYPES = {
+    "timestep": (int, float, _NONE), "source": (str,), "layout_seen": (str,),
+    "sdpa_kwargs": (dict,), "attn_mask_shape": (list, _NONE), "compressor": (str,),
+    "submitted_unix": _NUM, "completed_unix": _NUM, "seq_len": (int,),
+}
+
+
+def _type_problems(a: dict, types: dict, rel: str) -> list[str]:
+    out = []
+    for key, allowed in types.items():
+        if key in a and (not isinstance(a[key], allowed) or (
+                isinstance(a[key], bool) and bool not in allowed)):
+            want = " or ".join("null" if t is _NONE else t.__name__ for t in allowed)
+            out.append(f"{rel}: {key} has type {type(a[key]).__name__}, expected {want}")
+    return out
 
 
 def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
@@ -85,10 +105,7 @@ def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
         return out
     if a.get("schema") != SCHEMA_NAME:
         out.append(f"{rel}: schema is {a.get('schema')!r}, expected {SCHEMA_NAME!r}")
-    for key, types in _ROOT_TYPES.items():
-        if key in a and not isinstance(a[key], types):
-            out.append(f"{rel}: {key} has type {type(a[key]).__name__}, expected "
-                       f"{' or '.join('null' if t is type(None) else t.__name__ for t in types)}")
+    out += _type_problems(a, _ROOT_TYPES, rel)
     for key in _ROOT_INTS:
         if key in a and a[key] is not None and not (_is_int(a[key]) and a[key] >= 0):
             out.append(f"{rel}: {key} is {a[key]!r}, expected a non-negative integer or null")
@@ -150,6 +167,7 @@ def entry_problems(attrs: dict, rel: str, step_dir: str | None = None) -> list[s
         bad("has_query_rows", attrs.get("has_query_rows"), "true or false")
     if CHUNK_RECORD in attrs and not _chunk_record_ok(attrs[CHUNK_RECORD]):
         bad(CHUNK_RECORD, "...", "{array: {chunk key: crc32c}}")
+    out += _type_problems(attrs, _ENTRY_TYPES, rel)
     if out:
         return out
     # Cross-field consistency (types are right from here on).
@@ -215,6 +233,19 @@ def array_problems(meta: dict, rel: str, name: str, entry_attrs: dict) -> list[s
         isinstance(c, dict) for c in codecs) else None
     if names not in (["bytes", "crc32c"], ["bytes", "zstd", "crc32c"]):
         out.append(f"{rel}: codecs are {names!r}, expected bytes, [zstd,] crc32c")
+    if meta.get("fill_value") != 0:
+        out.append(f"{rel}: fill_value is {meta.get('fill_value')!r}, expected 0")
+    enc = meta.get("chunk_key_encoding", {"name": "default"})
+    if not isinstance(enc, dict) or enc.get("name") != "default" or (
+            enc.get("configuration") or {}).get("separator", "/") != "/":
+        out.append(f"{rel}: chunk_key_encoding is {enc!r}, expected the default with '/'")
+    dims = meta.get("dimension_names")
+    want_dims = list(DIMS) if len(shape) == 4 else ["query_row"]
+    if dims is not None and dims != want_dims:
+        out.append(f"{rel}: dimension_names is {dims!r}, expected {want_dims}")
+    if meta.get("storage_transformers") not in (None, []):
+        out.append(f"{rel}: storage_transformers {meta['storage_transformers']!r} are not used "
+                   f"by capture stores")
     return out
 
 

@@ -98,7 +98,7 @@ def cmd_compare(args) -> int:
 
     if args.recipes:
         if args.dirs:
-            raise ValueError("compare: give either two folders or --recipes, not both")
+            raise ValueError("give either two clip folders or --recipes, not both")
         _check_common(args)
         recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
         if not recipes:
@@ -118,11 +118,11 @@ def cmd_compare(args) -> int:
         print(f"\nwrote {out} in {time.perf_counter() - t0:.1f} s")
         return 0
     if len(args.dirs) != 2:
-        raise ValueError("compare: give two clip folders (A B) or --recipes r1,r2,...")
+        raise ValueError("give two clip folders (A B) or --recipes r1,r2,...")
     a, b = args.dirs
     for d in (a, b):
         if not Path(d).is_dir():
-            raise ValueError(f"compare: {d} is not a clip folder (video.mp4 / clip.safetensors)")
+            raise ValueError(f"{d}: not a clip folder (video.mp4 / clip.safetensors)")
     out = args.out or str(Path(b).parent / f"compare_{Path(a).name}_{Path(b).name}")
     check_out_dir(out)
     m = compare_dirs(a, b, out)

@@ -77,16 +77,14 @@ def generate(
     """
     from workbench.capture import AttentionInterceptor
     from workbench.capture.identity import checkpoint_id
+    from workbench.cli_args import check_in_range
 
     # Everything the run will need is checked before any work (the schedule, the capture
     # selection, the recipe), so a typo fails in a second, not after the sampling.
     grid = h3.grid_points(steps, "--steps")
     h3.check_capture_steps(capture_steps, steps, "--capture-steps", "--steps")
-    n_blocks = len(h3.model.transformer_blocks)
-    bad = sorted(int(x) for x in capture_layers or () if not 0 <= int(x) < n_blocks)
-    if bad:
-        raise ValueError(f"--layers: {bad} out of range: {h3.name} has {n_blocks} blocks "
-                         f"(0-{n_blocks - 1})")
+    check_in_range(None if capture_layers is None else [int(x) for x in capture_layers],
+                   len(h3.model.transformer_blocks), "--layers", h3.name, "blocks")
     rec = resolve_recipe(recipe, dense_steps, dense_layers)
     layout = h3.layout.segments
     cap_ctx = None

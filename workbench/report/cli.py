@@ -8,7 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.cli_args import check_device, check_out_file, parse_int_list, positive_int
+from workbench.cli_args import (
+    check_device,
+    check_out_dir,
+    check_out_file,
+    parse_int_list,
+    positive_int,
+)
 from workbench.recipes import PRESETS, get_recipe
 
 
@@ -90,7 +96,7 @@ def cmd_demo(args) -> int:
     """The main job on the embedded default: writes everything under --out."""
     from workbench.report.demo import run_demo
 
-    return run_demo(Path(args.out), quick=args.quick)
+    return run_demo(check_out_dir(args.out), quick=args.quick)
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:
