@@ -82,6 +82,7 @@ class StoreLock:
     def acquire(self) -> StoreLock:
         for _ in range(20):  # retries only when the file was replaced under us
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            locked = False
             try:
                 if not self._lock_fd(fd):
                     raise StoreLockedError(
@@ -96,6 +97,7 @@ class StoreLock:
                 if not same:  # released and removed between our open and our lock
                     os.close(fd)
                     continue
+                locked = True
                 previous = read_holder(self.store)
                 if previous and previous.get("pid") != os.getpid():
                     self.took_over = previous
@@ -104,6 +106,11 @@ class StoreLock:
                 os.pwrite(fd, data, 0)
                 os.fsync(fd)
             except BaseException:
+                if locked:  # e.g. disk full while recording the holder: leave no lock file
+                    try:
+                        os.unlink(self.path)
+                    except OSError:
+                        pass
                 os.close(fd)
                 raise
             self.fd = fd

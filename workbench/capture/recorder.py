@@ -53,7 +53,7 @@ from .storefs import (
     remove_store_files,
     sibling,
 )
-from .validate import entry_problems, group_problems, load_json, root_problems
+from .validate import attributes_of, entry_problems, group_problems, load_json, root_problems
 from .writer import (
     DEFAULT_BUDGET_BYTES,
     DEFAULT_CHUNK_BYTES,
@@ -130,10 +130,10 @@ def completed_entries(store: Path) -> set[str]:
         for entry_dir in sorted(p for p in step_dir.iterdir() if p.is_dir()):
             rel = f"{ENTRIES_GROUP}/{step_dir.name}/{entry_dir.name}"
             try:
-                attrs = load_json(entry_dir / "zarr.json", rel).get("attributes") or {}
+                attrs = attributes_of(load_json(entry_dir / "zarr.json", rel))
             except MetadataError:
                 continue  # rewritten by the resume
-            if attrs.get("status") != STATUS_COMPLETE or entry_problems(attrs, rel, step_dir.name):
+            if attrs.get("status") != STATUS_COMPLETE or entry_problems(attrs, rel, rel):
                 continue
             record = attrs.get(CHUNK_RECORD) or {}
             if all((entry_dir / name / key).is_file() for name, keys in record.items()
@@ -268,7 +268,7 @@ class Capture:
     def _open_for_resume(self) -> zarr.Group:
         where = str(self.path)
         meta = load_json(self.path / "zarr.json", f"{where}/zarr.json")
-        stored = meta.get("attributes") or {}
+        stored = attributes_of(meta)
         check_schema(stored, where)
         problems = root_problems(meta, f"{where}/zarr.json")
         if problems:

@@ -33,7 +33,9 @@ from .schema import (
     torch_dtype,
 )
 from .validate import (
+    BLOCK_NAME,
     array_names,
+    attributes_of,
     array_problems,
     chunk_keys,
     entry_problems,
@@ -87,7 +89,7 @@ class CaptureReader:
         if not root_file.exists():
             raise FileNotFoundError(f"{self.path}: no capture store here (no zarr.json)")
         meta = load_json(root_file, str(root_file))
-        check_schema(meta.get("attributes") or {}, str(self.path))
+        check_schema(attributes_of(meta), str(self.path))
         self.root_problems = root_problems(meta, str(root_file))
         if strict and self.root_problems:
             raise MetadataError(self.root_problems[0] + "; see workbench inspect --verify")
@@ -124,17 +126,17 @@ class CaptureReader:
                 rel = f"entries/{step_dir.name}/{entry_dir.name}"
                 try:
                     a = load_json(entry_dir / "zarr.json", f"{self.path}/{rel}/zarr.json")
-                    a = a.get("attributes") or {}
+                    a = attributes_of(a)
                 except MetadataError as exc:
-                    out.append(EntryInfo(rel, entry_dir.name, None, None, UNREADABLE, None,
+                    step, layer = _folder_step_layer(step_dir.name, entry_dir.name)
+                    out.append(EntryInfo(rel, entry_dir.name, layer, step, UNREADABLE, None,
                                          None, None, 0, problem=str(exc)))
                     continue
-                problems = entry_problems(a, f"{self.path}/{rel}/zarr.json", step_dir.name)
+                problems = entry_problems(a, f"{self.path}/{rel}/zarr.json", rel)
                 if problems:
-                    out.append(EntryInfo(
-                        rel, str(a.get("name", entry_dir.name)), _int_or_none(a.get("layer")),
-                        _int_or_none(a.get("step")), INVALID, None, None, None, 0,
-                        problem="; ".join(problems)))
+                    step, layer = _folder_step_layer(step_dir.name, entry_dir.name)
+                    out.append(EntryInfo(rel, entry_dir.name, layer, step, INVALID, None, None,
+                                         None, 0, problem="; ".join(problems)))
                     continue
                 sq, skv = a["shape_q"], a["shape_kv"]
                 isz = torch.empty((), dtype=torch_dtype(a["torch_dtype"])).element_size()
@@ -192,8 +194,13 @@ class CaptureReader:
         if not matches:
             have = sorted({(e.step, e.layer if e.layer is not None else e.name)
                            for e in self.entries(False)}, key=str)
+            damaged = [e.path for e in self.entries() if e.problem is not None]
+            note = (f"; {len(damaged)} entr{'y has' if len(damaged) == 1 else 'ies have'} "
+                    f"damaged metadata (workbench inspect --verify): {damaged[:3]}"
+                    if damaged else "")
             raise KeyError(f"{self.path}: no entry at step={step} layer={layer!r}; complete "
-                           f"entries (step, layer): {have[:20]}{' ...' if len(have) > 20 else ''}")
+                           f"entries (step, layer): {have[:20]}{' ...' if len(have) > 20 else ''}"
+                           f"{note}")
         e = matches[0]
         if e.status in (UNREADABLE, INVALID):
             raise MetadataError(f"{self.path}: entry {e.path} (step={step}, layer={layer}) has "
@@ -329,7 +336,7 @@ class CaptureReader:
             if CHUNK_RECORD not in attrs:
                 unrecorded.append(e.path)
             for name, meta in arrays.items():
-                problems += _chunk_problems(self.path, e, name, meta, attrs.get(CHUNK_RECORD))
+                problems += _chunk_problems(self, e, name, meta, attrs.get(CHUNK_RECORD))
         notes = []
         if unrecorded:
             notes.append(
@@ -414,10 +421,10 @@ def _entry_check(store: Path, e: EntryInfo) -> tuple[dict, dict, list[str]]:
     """(attrs, {array: metadata}, problems) of one entry, every problem naming its file."""
     f = store / e.path / "zarr.json"
     try:
-        attrs = load_json(f, str(f)).get("attributes") or {}
+        attrs = attributes_of(load_json(f, str(f)))
     except MetadataError as exc:
         return {}, {}, [str(exc)]
-    problems = entry_problems(attrs, str(f), e.path.split("/")[1])
+    problems = entry_problems(attrs, str(f), e.path)
     arrays: dict = {}
     if problems:
         return attrs, arrays, problems
@@ -443,37 +450,60 @@ def _entry_check(store: Path, e: EntryInfo) -> tuple[dict, dict, list[str]]:
     return attrs, arrays, problems
 
 
-def _chunk_problems(store: Path, e: EntryInfo, name: str, meta: dict,
+def _chunk_problems(reader: CaptureReader, e: EntryInfo, name: str, meta: dict,
                     record: dict | None) -> list[str]:
-    """Each chunk file of one array: present, its crc32c trailer matches its bytes, and (with a
-    record) matches the crc32c recorded at write time (catches a chunk swapped for another)."""
+    """One array of one complete entry: every chunk file present, its stored crc32c equal to the
+    one recorded at write time (a chunk swapped for another passes its own checksum), then every
+    chunk decoded through zarr (each chunk's bytes against its crc32c, and the metadata decoding
+    them to the array's shape)."""
     import google_crc32c
 
     out = []
-    folder = store / e.path / name
-    where = f"{store}: entry {e.path} array {name!r}"
-    for key in chunk_keys(meta):
+    folder = reader.path / e.path / name
+    where = f"{reader.path}: entry {e.path} array {name!r}"
+    keys = chunk_keys(meta)
+    for key in keys:
         f = folder / key
         try:
-            data = f.read_bytes()
+            size = f.stat().st_size
         except FileNotFoundError:
             why = ("recorded at write time" if record is not None else
                    "no chunk record: an all-zero chunk written without write_empty_chunks would "
                    "also be absent")
             out.append(f"{where}: chunk {key} is missing ({why})")
             continue
-        except OSError as exc:
-            out.append(f"{where}: chunk {key} is unreadable ({exc})")
-            continue
-        if len(data) < 4 or google_crc32c.value(data[:-4]) != int.from_bytes(data[-4:], "little"):
-            out.append(f"{where}: checksum mismatch in chunk {key} ({len(data)} bytes): the "
-                       f"stored chunk is corrupt")
-            continue
         want = (record or {}).get(name, {}).get(key)
-        if want is not None and int.from_bytes(data[-4:], "little") != want:
-            out.append(f"{where}: chunk {key} passes its own crc32c but differs from the one "
-                       f"recorded when the entry was written (a chunk from elsewhere?)")
+        if size < 4:
+            out.append(f"{where}: checksum mismatch in chunk {key}: {size} bytes, truncated")
+        elif want is not None:
+            with open(f, "rb") as fh:
+                fh.seek(-4, os.SEEK_END)
+                if int.from_bytes(fh.read(4), "little") != want:
+                    out.append(f"{where}: checksum mismatch in chunk {key}: the crc32c stored "
+                               f"with it differs from the one recorded when the entry was "
+                               f"written (a corrupt or replaced chunk)")
+    if out:
+        return out
+    try:
+        reader._read(e, name, (slice(None),) * len(meta["shape"]))
+    except ChecksumError as exc:
+        for key in keys:  # name the chunk(s)
+            data = (folder / key).read_bytes()
+            if google_crc32c.value(data[:-4]) != int.from_bytes(data[-4:], "little"):
+                out.append(f"{where}: checksum mismatch in chunk {key} ({len(data)} bytes): the "
+                           f"stored chunk is corrupt")
+        out = out or [str(exc)]
+    except CaptureStoreError as exc:
+        out.append(str(exc))
     return out
+
+
+def _folder_step_layer(step_dir: str, entry_dir: str) -> tuple[int | None, int | None]:
+    """(step, layer) an entry's folder names (s00003 / transformer_blocks.1), for entries whose
+    metadata cannot say: so that asking for them names the damage instead of 'no entry'."""
+    step = int(step_dir[1:]) if step_dir[1:].isdigit() else None
+    block = BLOCK_NAME.fullmatch(entry_dir)
+    return step, int(block[1]) if block else None
 
 
 def open_capture(path: str | os.PathLike, strict: bool = True) -> CaptureReader:

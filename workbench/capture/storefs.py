@@ -36,8 +36,8 @@ def store_schema_of(path: Path) -> str | None:
     if not meta.is_file():
         return None
     try:
-        attrs = json.loads(meta.read_text()).get("attributes") or {}
-        return str(attrs.get("schema", ""))
+        attrs = json.loads(meta.read_text()).get("attributes")
+        return str(attrs.get("schema", "")) if isinstance(attrs, dict) else ""
     except (OSError, ValueError, AttributeError):
         return ""
 

@@ -9,6 +9,7 @@ entry; ``CaptureReader.verify`` lists all of them.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,10 @@ from .schema import (
     MetadataError,
     _STORED,
     dtype_name,
+    entry_path,
 )
 
+BLOCK_NAME = re.compile(r"transformer_blocks\.(\d+)")  # H3 entries: the layer is in the name
 _DTYPES = {dtype_name(d): np_dt for d, (np_dt, _) in _STORED.items()}
 KNOWN_STATUS = (STATUS_WRITING, STATUS_COMPLETE)
 
@@ -42,6 +45,13 @@ def load_json(path: Path, rel: str) -> dict:
     if not isinstance(meta, dict):
         raise MetadataError(f"{rel}: expected a JSON object, got {type(meta).__name__}")
     return meta
+
+
+def attributes_of(meta: dict) -> dict:
+    """A metadata document's ``attributes`` ({} when absent or not an object; the schema checks
+    report that)."""
+    a = meta.get("attributes")
+    return a if isinstance(a, dict) else {}
 
 
 def _is_int(x) -> bool:
@@ -100,9 +110,7 @@ def _type_problems(a: dict, types: dict, rel: str) -> list[str]:
 
 def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
     out = _node(meta, rel, "group")
-    a = meta.get("attributes") or {}
-    if not isinstance(a, dict):
-        return out
+    a = attributes_of(meta)
     if a.get("schema") != SCHEMA_NAME:
         out.append(f"{rel}: schema is {a.get('schema')!r}, expected {SCHEMA_NAME!r}")
     out += _type_problems(a, _ROOT_TYPES, rel)
@@ -129,28 +137,29 @@ def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
     return out
 
 
-def step_dir_name(step) -> str:
-    return "s_none" if step is None else f"s{int(step):05d}"
-
-
-def entry_problems(attrs: dict, rel: str, step_dir: str | None = None) -> list[str]:
-    """Entry attributes: types, and shapes / heads that agree with each other."""
+def entry_problems(attrs: dict, rel: str, entry: str | None = None) -> list[str]:
+    """Entry attributes: types, and shapes / heads / step / name that agree with each other and
+    with the entry's folder ``entry`` ("entries/s00003/transformer_blocks.1")."""
     out = []
 
     def bad(field, value, want):
         out.append(f"{rel}: {field} is {value!r}, expected {want}")
 
-    if not isinstance(attrs.get("name"), str) or not attrs.get("name"):
-        bad("name", attrs.get("name"), "a non-empty string")
+    name = attrs.get("name")
+    if not isinstance(name, str) or not name:
+        bad("name", name, "a non-empty string")
     for key in ("step", "layer"):
         if attrs.get(key) is not None and not (_is_int(attrs[key]) and attrs[key] >= 0):
             bad(key, attrs.get(key), "a non-negative integer or null")
-    if step_dir is not None and (attrs.get("step") is None or _is_int(attrs.get("step"))):
-        if step_dir_name(attrs.get("step")) != step_dir:
-            bad("step", attrs.get("step"), f"the step of its folder {step_dir!r}")
+    if entry is not None and not out and entry_path(attrs.get("step"), name) != entry:
+        out.append(f"{rel}: step {attrs.get('step')!r} and name {name!r} do not match the "
+                   f"entry's folder {entry!r}")
+    block = BLOCK_NAME.fullmatch(name) if isinstance(name, str) else None
+    if block and attrs.get("layer") != int(block[1]):
+        bad("layer", attrs.get("layer"), f"{int(block[1])} (the block index in its name)")
     if attrs.get("status") not in KNOWN_STATUS:
         bad("status", attrs.get("status"), f"one of {list(KNOWN_STATUS)}")
-    if attrs.get("torch_dtype") not in _DTYPES:
+    if not isinstance(attrs.get("torch_dtype"), str) or attrs["torch_dtype"] not in _DTYPES:
         bad("torch_dtype", attrs.get("torch_dtype"), f"one of {sorted(_DTYPES)}")
     sq, skv = attrs.get("shape_q"), attrs.get("shape_kv")
     if not _int_list(sq, 4, positive=True):
@@ -219,25 +228,36 @@ def array_problems(meta: dict, rel: str, name: str, entry_attrs: dict) -> list[s
     if meta.get("data_type") != data_type:
         out.append(f"{rel}: data_type is {meta.get('data_type')!r}, expected {data_type!r} for "
                    f"torch_dtype {entry_attrs['torch_dtype']!r}")
-    attrs = meta.get("attributes") or {}
+    attrs = attributes_of(meta)
     if tdt is not None and attrs.get("torch_dtype") != tdt:
         out.append(f"{rel}: torch_dtype is {attrs.get('torch_dtype')!r}, but the entry says "
                    f"{tdt!r}")
-    grid = meta.get("chunk_grid") or {}
-    cs = (grid.get("configuration") or {}).get("chunk_shape") if isinstance(grid, dict) else None
-    if grid.get("name") != "regular" or not _int_list(cs, len(shape), positive=True):
+    grid = meta.get("chunk_grid")
+    conf = grid.get("configuration") if isinstance(grid, dict) else None
+    cs = conf.get("chunk_shape") if isinstance(conf, dict) else None
+    if not isinstance(grid, dict) or grid.get("name") != "regular" or not _int_list(
+            cs, len(shape), positive=True):
         out.append(f"{rel}: chunk_grid is {grid!r}, expected a regular grid of {len(shape)} "
                    f"positive chunk sizes")
+    elif len(shape) == 4 and (cs[0] != shape[0] or cs[3] != shape[3] or cs[1] > shape[1]
+                              or cs[2] > shape[2]):
+        # The writer chunks [B, S, H, D] in whole (batch, channel) slabs over heads and tokens.
+        out.append(f"{rel}: chunk_shape {cs} does not fit the array {shape} (chunks hold the "
+                   f"whole batch and channel dims)")
     codecs = meta.get("codecs")
     names = [c.get("name") for c in codecs] if isinstance(codecs, list) and all(
         isinstance(c, dict) for c in codecs) else None
+    if names and names[0] == "bytes" and (codecs[0].get("configuration") or {}).get(
+            "endian", "little") != "little":
+        out.append(f"{rel}: bytes codec endian is not 'little'")
     if names not in (["bytes", "crc32c"], ["bytes", "zstd", "crc32c"]):
         out.append(f"{rel}: codecs are {names!r}, expected bytes, [zstd,] crc32c")
     if meta.get("fill_value") != 0:
         out.append(f"{rel}: fill_value is {meta.get('fill_value')!r}, expected 0")
-    enc = meta.get("chunk_key_encoding", {"name": "default"})
-    if not isinstance(enc, dict) or enc.get("name") != "default" or (
-            enc.get("configuration") or {}).get("separator", "/") != "/":
+    enc = meta.get("chunk_key_encoding")
+    sep = (enc.get("configuration") or {}).get("separator", "/") if isinstance(enc, dict) and \
+        isinstance(enc.get("configuration", {}), dict) else None
+    if not isinstance(enc, dict) or enc.get("name") != "default" or sep != "/":
         out.append(f"{rel}: chunk_key_encoding is {enc!r}, expected the default with '/'")
     dims = meta.get("dimension_names")
     want_dims = list(DIMS) if len(shape) == 4 else ["query_row"]
