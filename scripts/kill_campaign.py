@@ -58,7 +58,8 @@ class KillConfig:
     heads: int = 8
     dim: int = 64
     chunk_bytes: int = 1 << 20
-    max_kills: int = 3  # kills per trial (1..max_kills), then a final resume
+    min_kills: int = 1  # kills per trial (min_kills..max_kills), then a final resume
+    max_kills: int = 3
 
     @property
     def entry_mib(self) -> float:
@@ -66,7 +67,7 @@ class KillConfig:
 
 
 FULL = KillConfig()
-SHORT = KillConfig(entries=4, rows=2048, heads=8, chunk_bytes=1 << 19, max_kills=2)
+SHORT = KillConfig(entries=4, rows=2048, heads=8, chunk_bytes=1 << 19, min_kills=2, max_kills=2)
 
 
 def entry_qkv(i: int, cfg: KillConfig):
@@ -126,9 +127,7 @@ def _check_after_kill(store: Path, cfg: KillConfig, res: KillResult, tag: str) -
         if not any(p.startswith(f"{path}: incomplete") for path in incomplete):
             res.failures.append(f"{tag}: verify after the kill: {p}")
     for e in r.entries(include_incomplete=False):
-        got = r.qkv(0, e.layer)
-        if not all(torch.equal(a.view(torch.int16), b.view(torch.int16))
-                   for a, b in zip(got, entry_qkv(e.layer, cfg))):
+        if not all(_same_bits(a, b) for a, b in zip(r.qkv(0, e.layer), entry_qkv(e.layer, cfg))):
             res.failures.append(f"{tag}: complete entry {e.path} is not bit-exact")
     if incomplete:
         res.kills_mid_entry += 1
@@ -156,9 +155,10 @@ def kill_campaign(trials: int, cfg: KillConfig = FULL, seed: int = 0,
         for t in range(trials):
             store = tmp / f"trial{t}.zarr"
             res.trials += 1
-            for k in range(rng.randint(1, cfg.max_kills)):
+            for k in range(rng.randint(cfg.min_kills, cfg.max_kills)):
                 share = rng.random()  # how far into the entries still to write
-                delay = rng.uniform(0.0, 0.05)
+                mid_entry = rng.random() < 0.8  # else anywhere, between entries included
+                delay = rng.uniform(0.0, 0.02 if mid_entry else 0.1)
                 proc = _child(store, cfg)
                 deadline = time.time() + 300
                 try:
@@ -171,9 +171,10 @@ def kill_campaign(trials: int, cfg: KillConfig = FULL, seed: int = 0,
                     base = _statuses(store).count("complete")
                     target = base + int(share * (cfg.entries - base))
                     while time.time() < deadline and proc.poll() is None:
-                        if _statuses(store).count("complete") >= target:
+                        st = _statuses(store)
+                        if st.count("complete") >= target and (not mid_entry or "writing" in st):
                             break
-                        time.sleep(0.002)
+                        time.sleep(0.001)
                     time.sleep(delay)
                     if proc.poll() is not None:
                         res.missed += 1
@@ -231,7 +232,7 @@ def reference_store(path: Path, **options) -> dict:
 
 
 def _json_files(store: Path) -> list[Path]:
-    return sorted(p for p in store.rglob("zarr.json"))
+    return sorted(store.rglob("zarr.json"))
 
 
 def _wrong_type(value):
@@ -325,8 +326,15 @@ class CorruptResult:
     trials: int = 0
     flagged: int = 0  # verify named the damaged file / entry
     harmless: int = 0  # not flagged, and every read is still bit-exact
-    by_kind: dict = field(default_factory=dict)
+    by_kind: dict = field(default_factory=dict)  # kind -> [trials, flagged]
+    harmless_edits: dict = field(default_factory=dict)  # edit label -> count
     failures: list[str] = field(default_factory=list)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        a.contiguous().view(torch.uint8).numpy().tobytes() == \
+        b.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def _judge(store: Path, data: dict, what: str, names: tuple[str, ...], res: CorruptResult,
@@ -359,9 +367,7 @@ def _judge(store: Path, data: dict, what: str, names: tuple[str, ...], res: Corr
             except CaptureStoreError:
                 exact = False
                 continue
-            if not all(a.shape == b.shape and torch.equal(a.view(torch.uint8),
-                                                          b.contiguous().view(torch.uint8))
-                       for a, b in zip(got, want)):
+            if not all(_same_bits(a, b) for a, b in zip(got, want)):
                 exact = False
                 if not flagged:
                     res.failures.append(f"{what}: entry ({step}, {layer}) reads different data "
@@ -373,6 +379,8 @@ def _judge(store: Path, data: dict, what: str, names: tuple[str, ...], res: Corr
             res.failures.append(f"{what}: verify flags other files only: {problems[:2]}")
         elif exact:
             res.harmless += 1
+            label = what.split(": ", 1)[1].split(" in ")[0]
+            res.harmless_edits[label] = res.harmless_edits.get(label, 0) + 1
         else:
             res.failures.append(f"{what}: a read fails but verify reports nothing")
     except Exception as exc:  # noqa: BLE001 - the campaign counts these as failures
@@ -380,23 +388,25 @@ def _judge(store: Path, data: dict, what: str, names: tuple[str, ...], res: Corr
 
 
 def corruption_campaign(seed: int = 0, workdir: Path | None = None,
-                        max_chunk_files: int | None = None,
-                        json_files: int | None = None) -> CorruptResult:
-    """Every corruption of every reference store (or a random sample: ``max_chunk_files`` chunk
-    files and ``json_files`` JSON files per store, the root always included)."""
+                        max_chunk_files: int | None = None, max_edits: int | None = None,
+                        stores: tuple[str, ...] = tuple(REFERENCE_STORES)) -> CorruptResult:
+    """Every corruption of every reference store (or a random sample per store:
+    ``max_chunk_files`` chunk files, each flipped / truncated / deleted, and ``max_edits`` of the
+    JSON corruptions)."""
     rng = random.Random(seed)
     res = CorruptResult()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        for name, options in REFERENCE_STORES.items():
+        for name in stores:
+            options = REFERENCE_STORES[name]
             ref = Path(tmp) / f"{name}.zarr"
             data = reference_store(ref, **options)
             _corrupt_store(ref, data, Path(tmp) / f"work-{name}.zarr", rng, res,
-                           max_chunk_files, json_files)
+                           max_chunk_files, max_edits)
     return res
 
 
 def _corrupt_store(ref: Path, data: dict, work: Path, rng: random.Random, res: CorruptResult,
-                   max_chunk_files: int | None, json_files: int | None) -> None:
+                   max_chunk_files: int | None, max_edits: int | None) -> None:
     """Each corruption is applied to one file of a working copy, judged, and undone."""
     if work.exists():
         shutil.rmtree(work)
@@ -426,10 +436,8 @@ def _corrupt_store(ref: Path, data: dict, work: Path, rng: random.Random, res: C
         for kind, content in (("flip", bytes(flipped)), ("truncate", raw[:rng.randrange(len(raw))]),
                               ("delete", None)):
             judged(rel, content, f"{kind} {rel}", (entry,), f"chunk {kind}")
-    files = [p.relative_to(ref) for p in _json_files(ref)]
-    if json_files is not None:
-        files = [files[0]] + rng.sample(files[1:], min(json_files - 1, len(files) - 1))
-    for rel in files:
+    edits = []  # (file, new content, label, names, kind) for every JSON corruption
+    for rel in (p.relative_to(ref) for p in _json_files(ref)):
         text = (ref / rel).read_text()
         meta = json.loads(text)
         kind_of = ("root" if rel.as_posix() == "zarr.json" else
@@ -439,11 +447,15 @@ def _corrupt_store(ref: Path, data: dict, work: Path, rng: random.Random, res: C
         names = (str(work / rel), *(["/".join(rel.parts[:3])] if len(rel.parts) > 3 else []))
         if kind_of == "root":
             names += (str(work),)
-        judged(rel, text[: len(text) // 2].encode(), f"truncate {rel}", names,
-               f"{kind_of} syntax")
+        edits.append((rel, text[: len(text) // 2].encode(), f"truncate {rel}", names,
+                      f"{kind_of} syntax"))
         for label, edited in _edits(meta):
-            judged(rel, json.dumps(edited).encode(), f"{label} in {rel}", names,
-                   f"{kind_of} field")
+            edits.append((rel, json.dumps(edited).encode(), f"{label} in {rel}", names,
+                          f"{kind_of} field"))
+    if max_edits is not None:
+        edits = rng.sample(edits, min(max_edits, len(edits)))
+    for rel, content, label, names, kind in edits:
+        judged(rel, content, label, names, kind)
 
 
 def _summary(name: str, res) -> str:
