@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from workbench.capture import (
+    CaptureStoreError,
     MetadataError,
     MissingChunkError,
     RunMismatchError,
@@ -468,6 +469,19 @@ def test_sampler_refuses_zero_steps_instead_of_the_default():
                                          r"call\), got 0"):
         h3.sample("red", steps=0)
     assert h3.schedule_steps(None) == 49 and h3.schedule_steps(4) == 3
+
+
+def test_library_capture_of_steps_the_run_never_reaches_is_an_error(tmp_path):
+    """capture(steps=[0, 10, 49]) around a 49-call loop (steps 0-48): step 49 never comes."""
+    store = tmp_path / "s.zarr"
+    with pytest.raises(CaptureStoreError, match=r"steps \[49\] were requested \(--steps\) "
+                       r"but the run never reached them \(it ran steps 0-48\)"):
+        with capture(None, store, steps=[0, 10, 49], progress=False) as cap:
+            for i in range(49):
+                cap.step(i)
+                if cap.wants(i, 0):
+                    cap.record("transformer_blocks.0", *qkv(i), layer=0)
+    assert sorted(e.step for e in open_capture(store).entries()) == [0, 10]  # kept
 
 
 def test_a_capture_that_fails_before_its_first_entry_leaves_nothing(tmp_path):

@@ -207,6 +207,7 @@ class Capture:
         self._aside: Path | None = None  # a store being replaced, kept until the capture succeeds
         self._timestep: float | None = None
         self._step: int | None = None if self.steps is None else self.steps[0]
+        self._seen_steps: set[int | None] = set()  # steps the run reached (step() / record())
 
     # store ----------------------------------------------------------------------------------------
     def _root_attrs(self) -> dict[str, Any]:
@@ -345,9 +346,27 @@ class Capture:
                     ok = True
                 finally:
                     self._finish(ok=ok)
+                self._check_steps_reached()
             else:
                 self.stats = self._close_quietly()
                 self._finish(ok=False)
+
+    def _check_steps_reached(self) -> None:
+        """Requested steps the run never reached (and the store does not hold) are an error, not
+        a silently smaller store: e.g. steps=[49] with a 50-point grid, whose steps are 0-48."""
+        if self.steps is None:
+            return
+        held = {p.split("/")[1] for p in self._done}
+        missing = [s for s in self.steps
+                   if s not in self._seen_steps and entry_path(s, "x").split("/")[1] not in held]
+        if missing:
+            reached = sorted(s for s in self._seen_steps if s is not None)
+            ran = f"steps {reached[0]}-{reached[-1]}" if reached else "no step"
+            raise CaptureStoreError(
+                f"{self.path}: steps {missing} were requested (--steps) but the run never reached "
+                f"them (it ran {ran}); the entries of the steps it ran are complete. Pick steps "
+                f"inside the sampler's schedule"
+            )
 
     def _finish(self, ok: bool) -> None:
         """Release the lock; on failure with no entry complete, undo what this capture created."""
@@ -384,6 +403,7 @@ class Capture:
     def step(self, i: int | None, timestep: float | None = None) -> None:
         """Set the current denoising step (and optionally its timestep / sigma value)."""
         self._step = None if i is None else int(i)
+        self._seen_steps.add(self._step)
         self._timestep = None if timestep is None else float(timestep)
         if self.interceptor is not None:
             self.interceptor.step = self._step
@@ -417,6 +437,7 @@ class Capture:
         return self._submit(name, layer, step, q, k, v, source="record", layout="BSHD", kwargs={})
 
     def _submit(self, name, layer, step, q, k, v, *, source, layout, kwargs) -> bool:
+        self._seen_steps.add(step)
         path = entry_path(step, name)
         if path in self._done:
             self.skipped.append(path)
@@ -475,7 +496,7 @@ def capture(model, path, layers=None, steps=None, heads=None, query_rows=None, *
 
     ::
 
-        with capture(model, "captures/run.zarr", layers=[0, 20, 41], steps=[0, 10, 49]) as cap:
+        with capture(model, "captures/run.zarr", layers=[0, 20, 41], steps=[0, 10, 48]) as cap:
             for i, t in enumerate(timesteps):
                 cap.step(i, timestep=t)
                 model(...)
