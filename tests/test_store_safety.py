@@ -363,6 +363,26 @@ def test_a_second_writer_is_refused_and_a_dead_holder_is_taken_over(tmp_path, ca
     assert not (store / LOCK_NAME).exists() and open_capture(store).verify() == []
 
 
+def test_a_writer_refused_by_the_lock_leaves_the_holders_files_alone(tmp_path):
+    """Between the destination check and the lock another writer may start in the same empty
+    folder: the refused capture must not clean up what is not its own."""
+    folder = tmp_path / "empty.zarr"
+    folder.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)],
+                              env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "LOCKED"  # its store is not made yet
+        before = digest(folder)
+        with pytest.raises(StoreLockedError, match=f"pid {holder.pid}"):
+            with capture(None, folder, progress=False):
+                pass
+        assert digest(folder) == before and read_holder(folder)["pid"] == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_lock_without_flock_falls_back_to_the_recorded_pid(tmp_path):
     """A lock file whose holder pid is dead on this host is stale even when nothing holds the
     flock (a filesystem without flock); a live holder on another host is not."""

@@ -47,10 +47,12 @@ def archive_store(src, dst, *, level: int = 3, overwrite: bool = False) -> dict:
     kind = check_target(dst, overwrite=overwrite, flag="DST", can_resume=False)
     codecs = codecs_for(f"zstd:{level}")
     tmp = sibling(dst, "archiving")
+    made: list[Path] = []
     try:
-        made = make_dirs(dst.parent)
+        make_dirs(dst.parent, made)
         tmp.mkdir()
     except OSError as exc:
+        remove_made_dirs(made)
         raise CaptureStoreError(f"DST {dst}: cannot write the archive there: "
                                 f"{exc.strerror or exc} ({exc.filename})") from None
     try:

@@ -254,15 +254,18 @@ class Capture:
                 return self._open_for_resume()
             if kind == "replace":
                 self._move_aside()
-            self._made = make_dirs(self.path)
-            self._created = True
+            make_dirs(self.path, self._made)
             self._lock = StoreLock(self.path).acquire()
             try:
-                return zarr.create_group(store=LocalStore(str(self.path)),
+                root = zarr.create_group(store=LocalStore(str(self.path)),
                                          attributes=self._root_attrs(), overwrite=False)
             except ContainsGroupError:
                 raise CaptureStoreError(f"{where}: another capture created a store here while "
                                         f"this one was starting") from None
+            # Only from here on does the folder hold files of this capture (before, a failure
+            # must not touch what another writer may have put there).
+            self._created = True
+            return root
         except OSError as exc:
             raise describe_os_error(exc, where, "opening the store for writing") from exc
 
@@ -369,17 +372,19 @@ class Capture:
             )
 
     def _finish(self, ok: bool) -> None:
-        """Release the lock; on failure with no entry complete, undo what this capture created."""
+        """Release the lock; on failure with no entry complete, undo what this capture created
+        and put a replaced store back; after success, delete the replaced store."""
         completed = self.writer.stats.entries if self.writer is not None else 0
+        undo = not ok and completed == 0
         try:
-            if not ok and self._created and completed == 0:
+            if undo and self._created:
                 # Only the store-owned names this capture wrote, while still holding the lock.
                 remove_store_files(self.path, keep_lock=True)
         finally:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
-        if not ok and self._created and completed == 0:
+        if undo:
             remove_made_dirs(self._made)
             if self._aside is not None and not self.path.exists():
                 os.rename(self._aside, self.path)  # the replaced store comes back untouched

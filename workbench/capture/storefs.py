@@ -85,8 +85,8 @@ def check_target(path: str | os.PathLike, *, resume: bool = False, overwrite: bo
                     raise CaptureStoreError(f"{where}: {parent} is a file, not a directory")
                 break
         return "new"
-    if not any(p.iterdir()):
-        return "new"
+    if all(c.name == LOCK_NAME for c in p.iterdir()):
+        return "new"  # empty, or a writer's lock only (stale: taken over; live: refused then)
     schema = store_schema_of(p)
     if schema != SCHEMA_NAME:
         what = (f"its zarr.json has schema={schema!r}" if schema is not None else
@@ -133,9 +133,10 @@ def remove_store(store: Path) -> None:
         pass  # not empty: something else lives there, keep it
 
 
-def make_dirs(path: Path) -> list[Path]:
-    """mkdir -p ``path``; returns the directories created, outermost first."""
-    made = []
+def make_dirs(path: Path, made: list[Path] | None = None) -> list[Path]:
+    """mkdir -p ``path``; the directories created are appended to ``made`` as they are made
+    (outermost first, so a failure halfway still leaves the list of what to remove)."""
+    made = [] if made is None else made
     for d in reversed([path, *path.parents]):
         if not d.exists():
             d.mkdir()
