@@ -421,10 +421,11 @@ def _entry_check(store: Path, e: EntryInfo) -> tuple[dict, dict, list[str]]:
     """(attrs, {array: metadata}, problems) of one entry, every problem naming its file."""
     f = store / e.path / "zarr.json"
     try:
-        attrs = attributes_of(load_json(f, str(f)))
+        meta = load_json(f, str(f))
     except MetadataError as exc:
         return {}, {}, [str(exc)]
-    problems = entry_problems(attrs, str(f), e.path)
+    attrs = attributes_of(meta)
+    problems = group_problems(meta, str(f)) + entry_problems(attrs, str(f), e.path)
     arrays: dict = {}
     if problems:
         return attrs, arrays, problems
