@@ -18,6 +18,7 @@ use as is (tests share one).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -287,7 +288,8 @@ def plan_scan(store, recipes, *, steps=None, layers=None, heads=None, n_queries:
         store=str(store.resolve()), store_id=store_fingerprint(cap), recipes=tuple(labels),
         recipe_specs=tuple(specs), baseline=baseline, steps=tuple(steps), layers=tuple(layers),
         heads=tuple(heads), n_queries=int(n_queries), dense_policy=bool(dense_policy),
-        seq_len=S, query_rows=tuple(int(i) for i in evenly_spaced_rows(S, n_queries)))
+        seq_len=S, query_rows=tuple(int(i) for i in evenly_spaced_rows(S, n_queries)),
+        segment_layout=json.dumps(cap.layout.to_dict(), sort_keys=True))
     return cap, params, ds
 
 

@@ -61,6 +61,7 @@ class ScanParams:
     dense_policy: bool  # recipes' dense steps / layers applied at each entry
     seq_len: int
     query_rows: tuple[int, ...]
+    segment_layout: str = "{}"  # JSON of the capture's SegmentLayout
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -68,7 +69,7 @@ class ScanParams:
     @classmethod
     def from_dict(cls, d: dict) -> ScanParams:
         return cls(**{f.name: tuple(d[f.name]) if isinstance(d[f.name], list) else d[f.name]
-                      for f in fields(cls)})
+                      for f in fields(cls) if f.name in d})
 
     def mismatch(self, other: ScanParams) -> str | None:
         """The first field (other than the store's path) that differs, with both values."""
