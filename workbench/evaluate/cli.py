@@ -51,7 +51,7 @@ def cmd_scan(args) -> int:
         progress=not args.quiet)
     print(_summary(ds))
     print(f"\nscan: {run.path} ({ds.sizes['step']} steps x {ds.sizes['layer']} layers x "
-          f"{ds.sizes['recipe']} recipes, heads {list(ds.head.values)}, "
+          f"{ds.sizes['recipe']} recipes, heads {ds.attrs['params']['heads']}, "
           f"{ds.sizes['row']} query rows)")
     if run.tasks_run:
         print(f"throughput: {run.tasks_per_second:.2f} entries x recipes per second "
