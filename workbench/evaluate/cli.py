@@ -110,8 +110,7 @@ def cmd_scan_report(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("scan", help="evaluate every capture entry x recipe (dask) into a "
-                                    "resumable scan store")
+    p = sub.add_parser("scan", help="every capture entry x recipe into a scan store (dask)")
     p.add_argument("store", help="capture store (zarr directory)")
     p.add_argument("--recipes", required=True,
                    help="comma list of recipes (presets, 'preset:field=value', JSON, plan.json)")
@@ -134,7 +133,7 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_scan)
 
-    p = sub.add_parser("plan", help="a per-(step, layer) recipe plan (JSON) from a scan")
+    p = sub.add_parser("plan", help="a recipe per (step, layer) from a scan, as plan JSON")
     p.add_argument("scan", help="scan store (from `workbench scan`)")
     p.add_argument("--rule", default="min_sqnr", help="min_sqnr (default) or max_cost")
     p.add_argument("--budget", type=float, default=30.0,
@@ -152,7 +151,7 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing plan file")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("scan-report", help="export a scan's figures (png/svg/html) + markdown")
+    p = sub.add_parser("scan-report", help="a scan's figures (png/svg/html) and markdown")
     p.add_argument("scan", help="scan store")
     p.add_argument("--out", required=True, help="output folder (report.md, figures/)")
     p.add_argument("--plan", default=None, help="plan JSON to draw as a grid")

@@ -132,9 +132,9 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
     """evaluate_entry of one recipe on one entry -> a flat record of numbers.
 
     qkv: numpy float32 q [B, S, H, D], k, v [B, S, Hkv, D] as read through the capture's xarray
-    view (captured_heads: the head ids they hold); heads: the query head ids to evaluate. A plan is resolved at
-    (step, layer). Returns {"entry": [M], "head": [H, M], "row": [n], "row_head": [H, n],
-    "query_rows": [n], "worker": str}.
+    view (captured_heads: the head ids they hold); heads: the query head ids to evaluate. A plan
+    is resolved at (step, layer). Returns {"entry": [M], "head": [H, M], "row": [n],
+    "row_head": [H, n], "query_rows": [n]}.
     """
     from workbench.attention import SegmentLayout
     from workbench.recipes import RecipePlan, get_recipe
@@ -166,19 +166,10 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
     entry[_METRIC_INDEX["seconds"]] = time.perf_counter() - t0
     return {"entry": entry, "head": head, "row": e.row_sq_err.double().numpy(),
             "row_head": e.row_sq_err_heads.double().numpy().T,
-            "query_rows": np.asarray(c.query_rows), "worker": _worker_name()}
+            "query_rows": np.asarray(c.query_rows)}
 
 
-def _worker_name() -> str:
-    try:
-        from distributed import get_worker
-
-        return str(get_worker().name)
-    except (ImportError, ValueError):
-        return f"pid {os.getpid()}"
-
-
-# -- workers ---------------------------------------------------------------------------------------
+# -- workers ------------------------------------------------------------------------------------
 def _setup_worker(dask_worker=None) -> str:
     """One torch thread per task slot; on CUDA machines, worker i uses GPU i mod count. Imports
     the evaluation stage now, so the first task does not pay for it."""
@@ -216,7 +207,7 @@ def start_cluster(workers: int | None = None):
     return cluster, client
 
 
-# -- the scan ----------------------------------------------------------------------------------------
+# -- the scan -----------------------------------------------------------------------------------
 @dataclass
 class ScanRun:
     """What one call of ``run_scan`` did."""
@@ -480,7 +471,7 @@ def _run_distributed(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParam
             fut.cancel()
 
 
-# -- benefits ----------------------------------------------------------------------------------------
+# -- benefits -----------------------------------------------------------------------------------
 def bootstrap_many(err_a, err_b, *, batch: int = 64) -> np.ndarray:
     """``workbench.metrics.bootstrap_benefit`` over leading dims: err_a, err_b [..., n] ->
     [..., 3] (benefit_pct of the means, ci_lo, ci_hi). Same resampled rows (seed 0) for every

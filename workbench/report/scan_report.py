@@ -20,7 +20,7 @@ def write_scan_report(scan, out, *, plan=None, formats=("png", "svg", "html"),
     from workbench.recipes import RecipePlan, get_recipe
     from workbench.viz.scan_figures import scan_figures
 
-    from .export import write_figures
+    from .export import figures_markdown, write_figures
 
     t0 = time.perf_counter()
     out = Path(out)
@@ -53,13 +53,7 @@ def write_scan_report(scan, out, *, plan=None, formats=("png", "svg", "html"),
                   " x dense BF16; uniform: " + ", ".join(
                       f"{k} {v:.3f}" for k, v in cost.get("uniform_recipes", {}).items()), ""]
     lines += ["### Figures", ""]
-    for name, (_, caption) in figs.items():
-        w = written[name]
-        links = " | ".join(f"[{fmt}]({w[fmt].relative_to(out).as_posix()})"
-                           for fmt in ("svg", "html") if fmt in w)
-        if "png" in w:
-            lines.append(f"![{caption}]({w['png'].relative_to(out).as_posix()})")
-        lines += [f"*{caption}.* {links}", ""]
+    lines += figures_markdown(figs, written, out)
     md = out / "report.md"
     md.write_text("\n".join(lines))
     data = {"scan": ds.attrs["path"], "params": p,
