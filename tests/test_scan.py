@@ -111,6 +111,11 @@ def test_two_workers_equal_one_worker_and_synchronous(cluster, sync_scan, tmp_pa
     assert run1.workers == 1
     _assert_same(ds1, ds2)
     _assert_same(ds1, sync_scan)
+    # An existing cluster by address (what `--scheduler ADDRESS` does).
+    ds3, run3 = run_scan(STORE, RECIPES, out=tmp_path / "addr.zarr",
+                         scheduler=cl.scheduler_address, progress=False, **SMALL)
+    assert run3.scheduler == cl.scheduler_address
+    _assert_same(ds1, ds3)
 
 
 _KILL_SCRIPT = """

@@ -22,7 +22,7 @@ def _ints(text: str | None, name: str) -> list[int] | None:
         raise ValueError(f"--{name}: cannot read {text!r} (e.g. 0-3 or 0,5,9)") from None
 
 
-def _summary(ds) -> str:
+def summary_table(ds) -> str:
     """Per recipe: output SQNR over the entries and how often the benefit is significant."""
     from .planning import SQNR
 
@@ -49,7 +49,7 @@ def cmd_scan(args) -> int:
         n_queries=args.queries, dense_policy=args.dense_policy, baseline=args.baseline,
         scheduler=args.scheduler, workers=args.workers, overwrite=args.overwrite,
         progress=not args.quiet)
-    print(_summary(ds))
+    print(summary_table(ds))
     print(f"\nscan: {run.path} ({ds.sizes['step']} steps x {ds.sizes['layer']} layers x "
           f"{ds.sizes['recipe']} recipes, heads {ds.attrs['params']['heads']}, "
           f"{ds.sizes['row']} query rows)")

@@ -15,7 +15,7 @@ from pathlib import Path
 def write_scan_report(scan, out, *, plan=None, formats=("png", "svg", "html"),
                       recipe: str | None = None, step: int | None = None, log=print) -> Path:
     """Export a scan's figures and markdown. Returns the markdown path."""
-    from workbench.evaluate.cli import _summary, plan_grid_text
+    from workbench.evaluate.cli import plan_grid_text, summary_table
     from workbench.evaluate.scan_store import open_scan
     from workbench.recipes import RecipePlan, get_recipe
     from workbench.viz.scan_figures import scan_figures
@@ -42,7 +42,7 @@ def write_scan_report(scan, out, *, plan=None, formats=("png", "svg", "html"),
         f". Benefit = output-MSE reduction against `{p['baseline']}`, with the paired-bootstrap "
         "95% interval over the sampled rows.",
         "",
-        _summary(ds),
+        summary_table(ds),
         "",
     ]
     if plan is not None:
