@@ -100,18 +100,17 @@ def main() -> int:
     plan_path.write_text(plan.to_json(indent=1))
     n_bf16 = sum(e.recipe == "bf16" for e in plan.entries)
     n_entries = len(plan.entries)
-    # Cost-matched heuristics: BF16 on the first steps / layers, FP8 (unsmoothed) elsewhere, with
-    # at least as many BF16 entries as the plan has.
+    # Cost-matched heuristics: BF16 on the first steps / layers (the seed PR's kind of dense
+    # policy), unsmoothed FP8 elsewhere, with the BF16 entry counts nearest the plan's (below and
+    # above for layers, whose steps are coarse; at or above for steps).
     n_steps, n_layers = ds.sizes["step"], ds.sizes["layer"]
-    dense_steps = math.ceil(n_bf16 / n_layers)
-    dense_layers = math.ceil(n_bf16 / n_steps)
     no_policy = ":dense_steps=0,dense_layers=0"
-    variants = {
-        **{c: c + (no_policy if c == "fp8_sol_kv_corrected" else "") for c in CANDIDATES},
-        f"fp8_dense, BF16 steps < {dense_steps}": f"fp8_dense:dense_steps={dense_steps}",
-        f"fp8_dense, BF16 layers < {dense_layers}": f"fp8_dense:dense_layers={dense_layers}",
-        "plan": str(plan_path),
-    }
+    variants = {c: c + (no_policy if c == "fp8_sol_kv_corrected" else "") for c in CANDIDATES}
+    ds_ = math.ceil(n_bf16 / n_layers)
+    variants[f"fp8_dense, BF16 steps < {ds_}"] = f"fp8_dense:dense_steps={ds_}"
+    for dl in sorted({math.floor(n_bf16 / n_steps), math.ceil(n_bf16 / n_steps)} - {0}):
+        variants[f"fp8_dense, BF16 layers < {dl}"] = f"fp8_dense:dense_layers={dl}"
+    variants["plan"] = str(plan_path)
     from workbench.recipes import get_recipe
     from workbench.recipes.cost import relative_cost
 
@@ -169,6 +168,20 @@ def main() -> int:
                                              "mean_diff": float(np.mean(d))}
             cells.append(f"{np.mean(d):+.3f}; p {pw:.4f} / {ps:.4f}; {k}/{len(d)}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    out_of_sample = [i for i, s in enumerate(seeds) if s != 0]
+    if 0 in seeds and len(out_of_sample) >= 2:
+        lines += ["", f"Out of sample only (seeds {[seeds[i] for i in out_of_sample]}; the "
+                  "capture and plan came from seed 0), PSNR and SI-SDR:", "",
+                  "| variant | psnr_db | si_sdr_db |", "|---|---|---|"]
+        for name in variants:
+            if name == "plan":
+                continue
+            cells = []
+            for m in ("psnr_db", "si_sdr_db"):
+                d = [results["plan"][m][i] - results[name][m][i] for i in out_of_sample]
+                cells.append(f"{np.mean(d):+.3f}; p {wilcoxon_exact(d):.4f} / "
+                             f"{sign_test(d):.4f}; {sum(x > 0 for x in d)}/{len(d)}")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     md = "\n".join(lines) + "\n"
     (out / "proof.md").write_text(md)
     (out / "proof.json").write_text(json.dumps({

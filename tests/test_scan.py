@@ -122,7 +122,7 @@ _KILL_SCRIPT = """
 import sys
 from workbench.evaluate.scan import run_scan
 run_scan(sys.argv[1], sys.argv[2], out=sys.argv[3], scheduler="synchronous", progress=False,
-         n_queries=16, steps=[5, 6, 7, 8])
+         n_queries=16, steps=[7, 8])
 """
 
 
@@ -137,7 +137,7 @@ def test_resume_after_sigkill_gives_the_same_dataset(tmp_path):
     n_done = 0
     while time.time() < deadline and proc.poll() is None:
         n_done = sum(p.is_file() for p in done_dir.rglob("*")) if done_dir.exists() else 0
-        if n_done >= 6:
+        if n_done >= 4:
             break
         time.sleep(0.01)
     assert proc.poll() is None, f"the scan ended before the kill: {proc.stderr.read()[-500:]}"
@@ -145,15 +145,17 @@ def test_resume_after_sigkill_gives_the_same_dataset(tmp_path):
     proc.wait()
     part = open_scan(out)
     n = int(part.done.sum())
-    assert 6 <= n < part.done.size, "killed mid-scan"
-    # Every task marked done has its numbers; no other task has any.
+    assert 4 <= n < part.done.size, "killed mid-scan"
+    # Every task marked done has its numbers. A task killed between its numbers and its done
+    # marker may have numbers without the marker (it is recomputed): at most one entry's worth.
     filled = np.isfinite(part.entry_metrics.sel(metric="attention_output_mse")).values
-    assert (filled == part.done.values).all()
+    assert filled[part.done.values].all()
+    assert (filled & ~part.done.values).sum() <= part.sizes["recipe"]
     resumed, run = run_scan(STORE, recipes, out=out, scheduler="synchronous", progress=False,
-                            n_queries=16, steps=[5, 6, 7, 8])
+                            n_queries=16, steps=[7, 8])
     assert run.tasks_skipped == n and run.tasks_run == part.done.size - n
     fresh, _ = run_scan(STORE, recipes, out=tmp_path / "fresh.zarr", scheduler="synchronous",
-                        progress=False, n_queries=16, steps=[5, 6, 7, 8])
+                        progress=False, n_queries=16, steps=[7, 8])
     _assert_same(resumed, fresh)
     assert [r["tasks_skipped"] for r in resumed.attrs["runs"]] == [n]  # the killed run: none
 
