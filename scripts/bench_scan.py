@@ -73,8 +73,8 @@ def main() -> int:
     print("| store | scheduler | workers | tasks | seconds | entries x recipes / s | "
           "cluster start (s) |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    for name, store in stores.items():
-        ds, run = run_scan(store, RECIPES, out=tmp / "sync.zarr", scheduler="synchronous",
+    for i, (name, store) in enumerate(stores.items()):
+        ds, run = run_scan(store, RECIPES, out=tmp / f"s{i}_sync.zarr", scheduler="synchronous",
                            n_queries=args.queries, progress=False, log=lambda m: None)
         print(f"| {name} | synchronous (in-process) | 1 | {run.tasks_run} | {run.seconds:.2f} "
               f"| {run.tasks_per_second:.1f} | 0 |", flush=True)
@@ -83,7 +83,7 @@ def main() -> int:
             cl, client = start_cluster(n)
             start = time.perf_counter() - t0
             try:
-                ds, run = run_scan(store, RECIPES, out=tmp / f"w{n}.zarr", client=client,
+                ds, run = run_scan(store, RECIPES, out=tmp / f"s{i}_w{n}.zarr", client=client,
                                    n_queries=args.queries, progress=False, log=lambda m: None)
             finally:
                 client.close()

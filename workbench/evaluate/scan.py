@@ -173,6 +173,9 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
 def _setup_worker(dask_worker=None) -> str:
     """One torch thread per task slot; on CUDA machines, worker i uses GPU i mod count. Imports
     the evaluation stage now, so the first task does not pay for it."""
+    import dask.array  # noqa: F401
+    import zarr  # noqa: F401
+
     import workbench.capture.replay  # noqa: F401
     import workbench.evaluate.engine  # noqa: F401
 
