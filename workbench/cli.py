@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = [
     "workbench.bench.cli",  # bench (GPU side-by-side timings)
     "workbench.generate.cli",  # generate, compare
     "workbench.viz.cli",  # report (PR figures + markdown)
+    "workbench.evaluate.cli",  # scan, plan, scan-report
 ]
 
 

@@ -53,6 +53,8 @@ class RecipeEval:
     block: int
     row_sq_err: torch.Tensor  # [n] output squared error per sampled row (mean over B, H, D)
     seconds: float
+    # [n, H] the same per selected head (mean over B, D): per-head bootstrap intervals (scan)
+    row_sq_err_heads: torch.Tensor | None = None
 
 
 @dataclass
@@ -200,6 +202,7 @@ def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer) -> R
                        "v_rot": dv["rotated"], "v_pass": dv["passthrough"]},
         exact_fraction=res.exact_fraction, block_map=block_map, block=block,
         row_sq_err=bm.row_sq_err.cpu(), seconds=time.perf_counter() - t1,
+        row_sq_err_heads=(res.out.double() - ref.double()).pow(2).mean(dim=(0, 3)).cpu(),
     )
 
 
