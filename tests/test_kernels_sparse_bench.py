@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,10 +14,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
-from workbench.attention.sparsity import vsa_keep_count
-from workbench.bench import dit, sparse
-from workbench.recipes import get_recipe
+if not torch.cuda.is_available():  # the smoke runs route in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from workbench.attention.sparsity import vsa_keep_count  # noqa: E402
+from workbench.bench import dit, sparse  # noqa: E402
+from workbench.recipes import get_recipe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,3 +184,49 @@ def test_bench_modules_work_without_the_notebook_stack(tmp_path):
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "calls [0, 1] differs True loaded []" in p.stdout
+
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU smoke runs")
+
+
+@cpu_only
+def test_sparse_bench_smoke_run_on_the_cpu():
+    """The whole run at a small size: the routing and the tau / keep search run (interpreter), the
+    emulation errors are real numbers, the GPU-only variants are skipped with their reason."""
+    cfg = sparse.SparseBenchConfig(device="cpu", heads=2, seq_len=512, densities=(0.6, 1.0),
+                                   rows=8)
+    report = sparse.run(cfg, log=lambda *a: None)
+    names = [r["variant"] for r in report["rows"]]
+    assert names == ["sdpa_cudnn_bf16", "ours fp8_dense_kv_corrected", "ours FP8 Sol exact",
+                     "ours FP8 VSA", "ours FP8 Sol exact", "ours FP8 VSA"]
+    assert all("kernel" in r["skipped"] for r in report["rows"][1:])  # no CPU kernels
+    assert "sol_attn" in report["peer"]
+    sol = [r for r in report["rows"] if r["route"] == "sol"]
+    assert abs(sol[0]["density"] - 0.6) <= 0.05 and sol[1]["density"] == 1.0
+    assert sol[1]["tau"] == -math.inf
+    vsa = [r for r in report["rows"] if r["route"] == "vsa"]
+    assert vsa[0]["density"] == 5 / 8 and vsa[1]["density"] == 1.0  # round(0.6 * 8) tiles
+    errs = [r["emu_rel_l2"] for r in report["rows"][1:]]
+    assert all(0 < e < 0.05 for e in errs), errs
+    assert len(report["routing"]) == 2 + 2 * 2
+    assert "ours FP8 Sol exact" in sparse.markdown(report)
+
+
+@cpu_only
+def test_dit_bench_smoke_run_on_the_cpu():
+    """A small H3 transformer: the interception, the per-block tau calibration and the table run;
+    the CUDA-only attention variants are skipped with their reason."""
+    small = dict(num_attention_heads=2, attention_head_dim=128, hidden_size=128, ffn_dim=256,
+                 in_channels=4, audio_in_channels=8, text_dim=32, freq_dim=32,
+                 time_embed_hidden_dim=64, time_embed_dim=32, num_refiner_layers=1)
+    cfg = dit.DitBenchConfig(device="cpu", blocks=2, densities=(0.6, 1.0), repeats=1, text=4,
+                             audio=8, video_grid=(2, 16, 16), model=small)
+    report = dit.run(cfg, log=lambda *a: None)
+    assert report["seq_len"] == 4 + 8 + 512
+    rows = report["rows"]
+    assert [r["variant"] for r in rows] == ["sdpa_cudnn", "ours fp8_dense_kv_corrected",
+                                           "ours FP8 Sol exact", "ours FP8 Sol exact"]
+    assert all("skipped" in r for r in rows[1:])
+    assert len(rows[2]["taus"]) == 2 and rows[3]["taus"] == [-math.inf, -math.inf]
+    assert abs(rows[2]["density"] - 0.6) <= 0.05 and rows[3]["density"] == 1.0
+    assert "target 0.60" not in dit.markdown(report)  # skipped rows show the reason instead

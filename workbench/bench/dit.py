@@ -28,11 +28,11 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .sparse import DENSITIES, DENSE_RECIPE, SOL_RECIPE
+from .sparse import DENSE_RECIPE, DENSITIES, SOL_RECIPE, sync
 
 # the live layout: text rows, audio rows, video patch grid (frames, rows, columns)
 H3_TEXT, H3_AUDIO, H3_VIDEO_GRID = 14, 356, (32, 24, 42)
@@ -50,6 +50,8 @@ class DitBenchConfig:
     sol_recipe: str = SOL_RECIPE
     dense_recipe: str = DENSE_RECIPE
     budget_s: float = 240.0  # no new variant starts after this many seconds
+    device: str = "cuda"  # "cpu": a smoke run of the plumbing with a small `model`
+    model: dict = field(default_factory=dict)  # diffusers kwargs over the full-width defaults
 
 
 def interceptor_class():
@@ -72,13 +74,14 @@ def interceptor_class():
 
 
 def build_model(cfg: DitBenchConfig):
-    """Full-width H3 transformer with cfg.blocks blocks on CUDA, bf16 except H3's fp32 modules."""
+    """H3 transformer (full width unless cfg.model says otherwise) with cfg.blocks blocks on
+    cfg.device, bf16 except H3's fp32 modules."""
     from diffusers import MiniMaxH3Transformer3DModel
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        with torch.device("cuda"):
-            model = MiniMaxH3Transformer3DModel(num_layers=cfg.blocks).eval()
+        with torch.device(cfg.device):
+            model = MiniMaxH3Transformer3DModel(**{**cfg.model, "num_layers": cfg.blocks}).eval()
     keep = model._keep_in_fp32_modules
     for name, p in model.named_parameters():
         if not any(k in name for k in keep):
@@ -92,12 +95,13 @@ def packed_inputs(model, cfg: DitBenchConfig):
 
     c = model.config
     layout = build_packed_layout(num_text=cfg.text, num_audio_latents=cfg.audio,
-                                 audio_channels=1, video_grid=cfg.video_grid).to("cuda")
-    g = torch.Generator(device="cuda").manual_seed(cfg.seed)
+                                 audio_channels=1, video_grid=cfg.video_grid).to(cfg.device)
+    dev = {"device": cfg.device}
+    g = torch.Generator(**dev).manual_seed(cfg.seed)
     patch = c.in_channels * c.patch_size[0] * c.patch_size[1] * c.patch_size[2]
-    video = torch.randn(1, layout.segments.video, patch, device="cuda", generator=g)
-    audio = torch.randn(1, layout.segments.audio, c.audio_in_channels, device="cuda", generator=g)
-    text = torch.randn(1, cfg.text, c.text_dim, device="cuda", generator=g).bfloat16()
+    video = torch.randn(1, layout.segments.video, patch, generator=g, **dev)
+    audio = torch.randn(1, layout.segments.audio, c.audio_in_channels, generator=g, **dev)
+    text = torch.randn(1, cfg.text, c.text_dim, generator=g, **dev).bfloat16()
     return pack_h3_sequence(video, audio, text, layout, video_t=0.9)
 
 
@@ -110,8 +114,8 @@ def run(cfg: DitBenchConfig = DitBenchConfig(), log=print) -> dict:
     from workbench.recipes import get_recipe
 
     report = {"config": asdict(cfg), "rows": []}
-    if not torch.cuda.is_available():
-        raise ValueError("DiT bench needs a CUDA GPU")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("DiT bench: device 'cuda' but no CUDA GPU")
     try:
         import diffusers  # noqa: F401
     except ImportError as exc:
@@ -138,12 +142,12 @@ def run(cfg: DitBenchConfig = DitBenchConfig(), log=print) -> dict:
         try:
             with ctx():
                 out = forward()
-                torch.cuda.synchronize()
+                sync(cfg.device)
                 times = []
                 for _ in range(cfg.repeats):
                     t = time.perf_counter()
                     forward()
-                    torch.cuda.synchronize()
+                    sync(cfg.device)
                     times.append(time.perf_counter() - t)
         except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the table
             row["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"

@@ -57,6 +57,7 @@ class SparseBenchConfig:
     seed: int = 0
     sol_recipe: str = SOL_RECIPE  # the base of the Sol and VSA rows (tau / keep set per density)
     dense_recipe: str = DENSE_RECIPE
+    device: str = "cuda"  # "cpu": a smoke run of the plumbing (routing in Triton's interpreter)
 
 
 def vsa_keep_for_density(density: float, n_tiles: int, n_prefix: int) -> float:
@@ -84,6 +85,22 @@ def load_sol_attn():
     return sol_attn, ""
 
 
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device: str, rep_ms: int) -> float:
+    """CUDA: do_bench's event median (``harness.median_ms``); CPU: one wall time (smoke runs)."""
+    if device == "cuda":
+        from .harness import median_ms
+
+        return median_ms(fn, rep_ms=rep_ms)
+    t = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - t)
+
+
 def _rel_l2(out_rows: torch.Tensor, ref: torch.Tensor) -> float:
     o = out_rows.double()
     return float((o - ref).norm() / ref.norm())
@@ -96,7 +113,7 @@ def _inputs(cfg: SparseBenchConfig):
         syn = replace(H3_SYNTHETIC, heads=cfg.heads, seed=cfg.seed)
     else:
         syn = small_config(cfg.seq_len, heads=cfg.heads, seed=cfg.seed)
-    q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device="cuda"))
+    q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device=cfg.device))
     return q, k, v, syn.layout
 
 
@@ -107,10 +124,12 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     from workbench.kernels import routing
     from workbench.recipes import get_recipe
 
-    from .harness import env_info, median_ms
+    from .harness import env_info
 
-    if not torch.cuda.is_available():
-        raise ValueError("sparse bench needs a CUDA GPU")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("sparse bench: device 'cuda' but no CUDA GPU (use --device cpu for a "
+                         "smoke run)")
+    dev = cfg.device
     t0 = time.time()
     q, k, v, layout = _inputs(cfg)
     B, S, H, D = q.shape
@@ -137,10 +156,10 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             return row
         try:
             out = fn()
-            torch.cuda.synchronize()
+            sync(dev)
             row["rel_l2"] = _rel_l2(out[:, idx], ref)
             del out
-            row["ms"] = median_ms(fn, rep_ms=cfg.rep_ms)
+            row["ms"] = time_ms(fn, dev, cfg.rep_ms)
         except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the table
             row["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             log(f"  {variant}: skipped ({row['skipped']})")
@@ -179,8 +198,7 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     sol_base = get_recipe(cfg.sol_recipe).with_(sol_threshold=cfg.threshold)
     n_bytes = sum(t.numel() * t.element_size() for t in (q, k, v))
     for minmax in (False, True):
-        ms = median_ms(lambda mm=minmax: routing.block_sums(q, k, v, minmax=mm),
-                       rep_ms=cfg.rep_ms)
+        ms = time_ms(lambda mm=minmax: routing.block_sums(q, k, v, minmax=mm), dev, cfg.rep_ms)
         what = "block sums of Q, K, V" + (" + V extremes (replaces kv_stats)" if minmax else "")
         report["routing"].append(dict(what=what, ms=ms, read_tbs=n_bytes / (ms * 1e-3) / 1e12))
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
@@ -195,10 +213,10 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
                              vsa_keep=vsa_keep_for_density(d, nb, n_prefix_tiles))
         rv = routing.vsa_routing(q, k, v, vsa, layout=layout, sums=sums)
         plan.append((d, sol, r.density, vsa, rv.density))
-        ms_sol = median_ms(lambda sol=sol: routing.sol_routing(q, k, v, sol, layout=layout),
-                           rep_ms=cfg.rep_ms)
-        ms_vsa = median_ms(lambda vsa=vsa: routing.vsa_routing(q, k, v, vsa, layout=layout),
-                           rep_ms=cfg.rep_ms)
+        ms_sol = time_ms(lambda sol=sol: routing.sol_routing(q, k, v, sol, layout=layout),
+                         dev, cfg.rep_ms)
+        ms_vsa = time_ms(lambda vsa=vsa: routing.vsa_routing(q, k, v, vsa, layout=layout),
+                         dev, cfg.rep_ms)
         report["routing"].append(dict(what=f"sol routing tau={tau:.4g}", target=d, ms=ms_sol,
                                       density=r.density))
         report["routing"].append(dict(what=f"vsa routing keep={vsa.vsa_keep:.4g}", target=d,
@@ -289,6 +307,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--no-emulate", action="store_true", help="skip the torch emulation error")
     p.add_argument("--no-peer", action="store_true", help="skip NVIDIA's sol_attn")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a smoke run of the plumbing (set TRITON_INTERPRET=1)")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
     args = p.parse_args(argv)
@@ -304,7 +324,7 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
     return SparseBenchConfig(heads=args.heads, seq_len=args.seq,
                              densities=tuple(args.densities), threshold=args.threshold,
                              rows=args.rows, rep_ms=args.rep_ms, emulate=not args.no_emulate,
-                             peer=not args.no_peer, budget_s=args.budget_s)
+                             peer=not args.no_peer, budget_s=args.budget_s, device=args.device)
 
 
 def main(argv=None) -> int:
