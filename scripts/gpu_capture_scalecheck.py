@@ -1,4 +1,4 @@
-"""GPU scale check of the capture path (issue 3, item 8).
+"""GPU scale check of the capture path: capture overhead and writer throughput at full H3 width.
 
 Builds diffusers' MiniMaxH3Transformer3DModel at full H3 width (56 heads x 128, hidden 5376, FFN
 14336; ``--blocks`` blocks, random weights, bf16) over a packed sequence of 32,626 rows

@@ -53,7 +53,7 @@ def test_sdpa_capture_names_shapes_and_bit_identical_output(minilm_store):
 
 # Measured on these activations (fp32 capture, all 12 heads, all 138 query rows, float64 dense
 # reference): K smoothing cuts the quanted-K MSE in every layer, but the attention-output error
-# moves both ways, as DESIGN.md warns: better in layers 0 and 5, worse in 1, 2, 3, flat in 4.
+# moves both ways, as docs/recipes.md warns: better in layers 0 and 5, worse in 1, 2, 3, flat in 4.
 K_MSE_BENEFIT = [0.122, 0.183, 0.262, 0.337, 0.343, 0.181]
 OUT_BENEFIT = [0.069, -0.074, -0.069, -0.395, 0.000, 0.027]
 

@@ -1,6 +1,6 @@
 """Seeded synthetic H3-like Q/K/V for tests and demos. Never present its numbers as H3 numbers.
 
-What it imitates (MiniMax-H3 at 1344x768, 107 frames; DESIGN.md section 3):
+What it imitates (MiniMax-H3 at 1344x768, 107 frames; docs/h3.md):
 - the live shape (1, 32626, 56, 128) and segments: 14 text, 356 audio, 32 x 24 x 42 video rows;
 - Q and K after per-head RMSNorm (rows of RMS ~1 times a per-channel gain) and after rotate-half
   RoPE on the first 96 channels with (t, h, w) positions (16 frequencies per axis, duplicated);
