@@ -190,12 +190,15 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU smoke runs"
 
 
 @cpu_only
-def test_sparse_bench_smoke_run_on_the_cpu():
-    """The whole run at a small size: the routing and the tau / keep search run (interpreter), the
-    emulation errors are real numbers, the GPU-only variants are skipped with their reason."""
-    cfg = sparse.SparseBenchConfig(device="cpu", heads=2, seq_len=512, densities=(0.6, 1.0),
-                                   rows=8)
-    report = sparse.run(cfg, log=lambda *a: None)
+def test_sparse_bench_smoke_run_on_the_cpu(tmp_path, capsys):
+    """The whole command at a small size: the routing and the tau / keep search run
+    (interpreter), the emulation errors are real numbers, the GPU-only variants are skipped with
+    their reason, and the JSON report and markdown table are written."""
+    assert sparse.main(["--device", "cpu", "--heads", "2", "--seq", "512", "--rows", "8",
+                        "--densities", "0.6", "1", "--json", str(tmp_path / "r.json"),
+                        "--markdown", str(tmp_path / "r.md")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (tmp_path / "r.md").read_text() in capsys.readouterr().out
     names = [r["variant"] for r in report["rows"]]
     assert names == ["sdpa_cudnn_bf16", "ours fp8_dense_kv_corrected", "ours FP8 Sol exact",
                      "ours FP8 VSA", "ours FP8 Sol exact", "ours FP8 VSA"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .sparse import DENSE_RECIPE, DENSITIES, SOL_RECIPE, sync
+from .sparse import DENSE_RECIPE, DENSITIES, SOL_RECIPE, sync, write_report
 
 # the live layout: text rows, audio rows, video patch grid (frames, rows, columns)
 H3_TEXT, H3_AUDIO, H3_VIDEO_GRID = 14, 356, (32, 24, 42)
@@ -250,14 +249,7 @@ def main(argv=None) -> int:
     cfg = DitBenchConfig(blocks=args.blocks, densities=tuple(args.densities),
                          repeats=args.repeats, budget_s=args.budget_s)
     report = run(cfg)
-    md = markdown(report)
-    print(md)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=str)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(md)
+    write_report(report, markdown(report), args.json, args.markdown)
     return 0
 
 

@@ -327,17 +327,21 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
                              peer=not args.no_peer, budget_s=args.budget_s, device=args.device)
 
 
+def write_report(report: dict, md: str, json_path: str | None, md_path: str | None) -> None:
+    """Print the table; write the report as JSON and the table as markdown where asked."""
+    print(md)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write(md)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     report = run(config_from_args(args))
-    md = markdown(report)
-    print(md)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1, default=str)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(md)
+    write_report(report, markdown(report), args.json, args.markdown)
     return 0
 
 
