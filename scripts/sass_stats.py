@@ -1,16 +1,18 @@
 """Compile the FP8 attention kernel for sm_90 on ANY machine (no GPU needed) and count what ptxas
 made of it: registers, shared memory, spills and the instruction mix of the SASS.
 
-    python scripts/sass_stats.py '{"pv_fma": true, "exp_f16": true}' [...]
+    python scripts/sass_stats.py '{"flush": "triton"}' '{"p_scaling": "exp2_offset8"}' [...]
 
-Each argument is a JSON object of overrides of dispatch.TUNING's kernel constants (block_m, block_n,
-num_warps, num_stages, maxnreg, use_tma, lazy_tau, flush, max_imprecise, sk_fold) and perm_p (V^T
-in P's register order; default quantize.V_PERM). Used to check
-a kernel change (spills, MUFU / FP32 op counts) before spending GPU time on it.
+Each argument is a JSON object of overrides of the default ``AttentionConfig`` (block_m, block_n,
+num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling`` (the recipe's P
+scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
+``QuantConfig.v_perm``). Used to check a kernel change (spills, MUFU / FP32 op counts, the main
+loop's instruction count) before spending GPU time on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -23,16 +25,20 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from workbench.kernels.attention_fp8 import P_LOG2_SCALES  # noqa: E402
 from workbench.kernels.attention_fp8 import _fp8_attn_fwd_kernel as KERNEL  # noqa: E402
-from workbench.kernels.dispatch import TUNING  # noqa: E402
-from workbench.kernels.quantize import V_PERM  # noqa: E402
+from workbench.kernels.config import DEFAULT  # noqa: E402
 
 OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F2F", "STL", "LDL",
        "SHFL", "BAR", "STS", "LDS"]
 
 
-def compile_sm90(cfg: dict):
-    bm, bn, tma = cfg["block_m"], cfg["block_n"], 1 if cfg["use_tma"] in (True, "host") else 0
+def compile_sm90(overrides: dict):
+    """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
+    extra = {k: overrides[k] for k in ("p_scaling", "perm_p") if k in overrides}
+    cfg = dataclasses.replace(DEFAULT.attention,
+                              **{k: v for k, v in overrides.items() if k not in extra})
+    bm, bn, tma = cfg.block_m, cfg.block_n, cfg.use_tma
     types = ["*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp32", "*bf16",
              "*fp32"]
     if tma:
@@ -40,25 +46,24 @@ def compile_sm90(cfg: dict):
                   f"tensordesc<fp8e4nv[128, {bn}]>"]
     else:
         types += ["constexpr"] * 3
-    types += ["i32"] * 5 + ["fp32"] + ["i32"] * 4
+    types += ["i32"] * 5 + ["fp32"] + ["i32"] * 3
     names = KERNEL.arg_names
     sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
-    imp = cfg["max_imprecise"]
+    pv_fma = cfg.flush == "fma"
     cst = dict(HEAD_D=128, BLOCK_M=bm, BLOCK_N=bn, SCALE_BLOCK=64, ROUND_P=False,
-               IMP_QK=cfg.get("imp_qk", -1 if cfg.get("flush") == "fma" else min(imp, 128)),
-               IMP_PV=cfg.get("imp_pv", min(imp, bn)), PV_FMA=cfg.get("flush") == "fma",
-               WRITE_LSE=False, OUT_F32=False,
-               USE_TMA=tma, LAZY_TAU=float(cfg["lazy_tau"]), WARP_SPEC=False,
-               SK_FOLD=bool(cfg.get("sk_fold", False)), PERM_P=bool(cfg.get("perm_p", V_PERM)),
-               INTERPRET=False)
+               IMP_QK=-1 if pv_fma else min(cfg.max_imprecise, 128),
+               IMP_PV=min(cfg.max_imprecise, bn), WRITE_LSE=False, OUT_F32=False,
+               USE_TMA=tma, PV_FMA=pv_fma,
+               PERM_P=bool(extra.get("perm_p", DEFAULT.quant.v_perm)),
+               P_LOG2_SCALE=P_LOG2_SCALES[extra.get("p_scaling", "unit")], INTERPRET=False)
     if not tma:
         cst.update(qd=None, kd=None, vd=None)
     src = ASTSource(fn=KERNEL, signature=sig,
                     constexprs={(names.index(k),): v for k, v in cst.items()})
-    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if cfg.get("maxnreg"):
-        opts["maxnreg"] = cfg["maxnreg"]
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.maxnreg:
+        opts["maxnreg"] = cfg.maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts), cfg
 
 
 def ptxas_info(kernel, maxnreg=None) -> str:
@@ -130,10 +135,9 @@ def main_loop_counts(sass: str) -> dict:
 
 def main(argv):
     for i, arg in enumerate(argv or ["{}"]):
-        cfg = {**TUNING, **json.loads(arg)}
-        kernel = compile_sm90(cfg)
+        kernel, cfg = compile_sm90(json.loads(arg))
         stats = sass_counts(kernel, f"k{i}")
-        stats["ptxas"] = ptxas_info(kernel, cfg.get("maxnreg"))
+        stats["ptxas"] = ptxas_info(kernel, cfg.maxnreg)
         print(json.dumps(json.loads(arg)), json.dumps(stats), flush=True)
 
 

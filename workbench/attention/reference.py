@@ -77,12 +77,19 @@ def _round_operand(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _quantize_p(p: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
+    """P [.., n, c] in [0, 1] (relative to the row max) -> the P operand of PV, scaled back.
+
+    The kernel computes the scaled P directly (2^(s - m + c)) and lets the scale cancel in acc / l;
+    here P * scale is rounded and divided back, which is the same up to FP32 rounding of the
+    exponent (exactly the same for the power-of-two scale of "exp2_offset8")."""
     if recipe.p_format == "exact":
         return p
     if recipe.p_format == "bf16":
         return round_to_bf16(p)
     if recipe.p_scaling == "rowmax448":
         return round_to_e4m3(p * 448.0) / 448.0
+    if recipe.p_scaling == "exp2_offset8":
+        return round_to_e4m3(p * 256.0) / 256.0
     return round_to_e4m3(p)
 
 

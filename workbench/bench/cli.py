@@ -1,38 +1,84 @@
 """``workbench bench``: side-by-side attention timings on the GPU, JSON + a markdown table.
 
-    workbench bench --shapes 1,32626,56,128 1,8192,56,128 --json out.json --markdown BENCHMARKS.md
+    workbench bench --shapes 1,32626,56,128 1,8192,56,128 --json out.json --markdown out.md
+
+Peers (``--peers``, each skipped with its reason when it does not run here): SDPA cuDNN,
+FlashAttention-3 BF16 / FP8, cuDNN FP8, SageAttention2 SM90; then the FP8 recipes (``--recipes``,
+any ``preset:field=value`` form, e.g. ``fp8_dense_kv_corrected:p_scaling=exp2_offset8``).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
+
+from .peers import ALL_PEERS, DEFAULT_PEERS
+from .tables import markdown
 
 DEFAULT_SHAPES = ["1,32626,56,128", "1,8192,56,128", "1,16384,56,128", "1,65536,56,128"]
+__all__ = ["DEFAULT_SHAPES", "main", "markdown", "parse_shape", "register", "run"]
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="time FP8 attention kernels against SDPA/cuDNN (GPU)")
+    p = subparsers.add_parser("bench", help="time FP8 attention kernels against peers (GPU)")
+    add_arguments(p)
+    p.set_defaults(func=main)
+
+
+def add_arguments(p) -> None:
+    """The options of ``workbench bench`` (shared with scripts/gpu_bench.py)."""
     p.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, help="B,S,H,D per shape")
     p.add_argument("--recipes", nargs="+", default=None, help="recipes to time (default 3 FP8)")
+    p.add_argument("--peers", nargs="*", default=list(DEFAULT_PEERS),
+                   help=f"peers to run, of {', '.join(ALL_PEERS)} (none: only ours)")
     p.add_argument("--rows", type=int, default=64, help="query rows for accuracy vs float64")
     p.add_argument("--sets", type=int, default=2, help="rotating input sets")
     p.add_argument("--rep-ms", type=int, default=500, help="do_bench repetition budget per row")
     p.add_argument("--no-emulate", action="store_true", help="skip the torch-emulation accuracy")
     p.add_argument("--no-ceilings", action="store_true", help="skip copy/matmul ceilings")
     p.add_argument("--json", default=None, help="write all rows and the environment here")
-    p.add_argument("--markdown", default=None, help="append the markdown table to this file")
-    p.set_defaults(func=main)
+    p.add_argument("--markdown", default=None, help="append the markdown tables to this file")
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
-    parts = [int(x) for x in text.replace("x", ",").split(",")]
-    if len(parts) != 4:
-        raise ValueError(f"--shapes: expected B,S,H,D, got {text!r}")
+    try:
+        parts = [int(x) for x in text.replace("x", ",").split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) != 4 or min(parts) < 1:
+        raise ValueError(f"--shapes: expected B,S,H,D (positive integers), got {text!r}")
     return tuple(parts)  # type: ignore[return-value]
 
 
-def run(shapes, *, recipes=None, rows=64, sets=2, rep_ms=500, emulate=True, ceilings=True,
-        log=print) -> dict:
+def check_args(args) -> None:
+    """Refuse bad options before any GPU work (ValueError naming the option)."""
+    from workbench.recipes import get_recipe
+
+    for s in args.shapes:
+        parse_shape(s)
+    for r in args.recipes or []:
+        get_recipe(r)
+    bad = [p for p in args.peers if p not in ALL_PEERS]
+    if bad:
+        raise ValueError(f"--peers: unknown {bad}; choose from {list(ALL_PEERS)}")
+    for name in ("rows", "sets", "rep_ms"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
+
+
+def git_commit() -> str | None:
+    try:
+        root = Path(__file__).resolve().parents[2]
+        p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
+                           capture_output=True, text=True, timeout=10)
+        return p.stdout.strip() or None
+    except Exception:  # noqa: BLE001 - no git here: the report just has no commit
+        return None
+
+
+def run(shapes, *, recipes=None, peers=DEFAULT_PEERS, rows=64, sets=2, rep_ms=500,
+        emulate=True, ceilings=True, log=print) -> dict:
     import torch
 
     from .attention import RECIPES, side_by_side
@@ -40,7 +86,8 @@ def run(shapes, *, recipes=None, rows=64, sets=2, rep_ms=500, emulate=True, ceil
 
     if not torch.cuda.is_available():
         raise ValueError("bench needs a CUDA GPU")
-    report = {"env": env_info(), "ceilings": {}, "rows": []}
+    report = {"env": {**env_info(), "commit": git_commit()}, "ceilings": {}, "skipped": {},
+              "rows": []}
     log(json.dumps(report["env"]))
     if ceilings:
         c = report["ceilings"]
@@ -55,48 +102,18 @@ def run(shapes, *, recipes=None, rows=64, sets=2, rep_ms=500, emulate=True, ceil
         B, S, H, D = parse_shape(shape) if isinstance(shape, str) else shape
         log(f"shape ({B}, {S}, {H}, {D})")
         report["rows"] += side_by_side(B, S, H, D, n_sets=sets, recipes=recipes or RECIPES,
-                                       rows=rows, emulate=emulate, rep_ms=rep_ms, log=log)
+                                       peers=peers, rows=rows, emulate=emulate, rep_ms=rep_ms,
+                                       skipped=report["skipped"], log=log)
         torch.cuda.empty_cache()
     return report
 
 
-def markdown(report: dict) -> str:
-    """One table per shape: time, TFLOP/s, ratio vs SDPA-cuDNN, peak memory, accuracy."""
-    env = report["env"]
-    lines = [f"Device {env.get('device')}, torch {env.get('torch')}, triton {env.get('triton')}, "
-             f"CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, cudnn-frontend "
-             f"{env.get('cudnn_frontend', 'absent')}, {env.get('date')}."]
-    c = report.get("ceilings") or {}
-    if c:
-        lines.append("Ceilings (same run): " + ", ".join(f"{k} {v:.1f}" for k, v in c.items()))
-    shapes = []
-    for r in report["rows"]:
-        if r["shape"] not in shapes:
-            shapes.append(r["shape"])
-    for shape in shapes:
-        rows = [r for r in report["rows"] if r["shape"] == shape]
-        base = next((r["ms"] for r in rows if r["variant"] == "sdpa_cudnn"), None)
-        lines += ["", f"Shape {shape} bf16 inputs, non-causal:", "",
-                  "| variant | mode | ms | TFLOP/s | x SDPA-cuDNN | peak extra GiB | rel-L2 vs f64 "
-                  "| torch emu rel-L2 | cosine |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            ratio = f"{base / r['ms']:.2f}" if base and r["mode"] in ("full", "kernel") else ""
-            tf = f"{r['tflops']:.0f}" if r["mode"] in ("full", "kernel") else ""
-            rel = f"{r['rel_l2']:.3e}" if r["rel_l2"] == r["rel_l2"] else ""
-            emu = r.get("emu_rel_l2", float("nan"))
-            emu = f"{emu:.3e}" if emu == emu else ""
-            cos = f"{r['cosine']:.6f}" if r["cosine"] == r["cosine"] else ""
-            note = f" ({r['read_tbs']:.2f} TB/s read)" if "read_tbs" in r else ""
-            lines.append(f"| {r['variant']} | {r['mode']}{note} | {r['ms']:.3f} | {tf} | {ratio} "
-                         f"| {r['peak_gib']:.2f} | {rel} | {emu} | {cos} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(args) -> int:
-    report = run(args.shapes, recipes=args.recipes, rows=args.rows, sets=args.sets,
-                 rep_ms=args.rep_ms, emulate=not args.no_emulate, ceilings=not args.no_ceilings)
-    md = markdown(report)
+    check_args(args)
+    report = run(args.shapes, recipes=args.recipes, peers=args.peers, rows=args.rows,
+                 sets=args.sets, rep_ms=args.rep_ms, emulate=not args.no_emulate,
+                 ceilings=not args.no_ceilings)
+    md = markdown(report, rows=args.rows)
     print(md)
     if args.json:
         with open(args.json, "w") as f:

@@ -7,6 +7,8 @@
 - ``attention_fp8``: the FP8 attention forward (online softmax, P in E4M3, fused epilogue).
 - ``merge``: the merged output pass (BF16 prefix rows + corrected FP8 rows).
 - ``dispatch``: the full recipe call and ``try_kernel`` used by ``workbench.attention.runner``.
+- ``config``: the frozen tiling configs every entry point takes (``KernelConfig.h200()`` =
+  ``DEFAULT``, the measured values).
 
 Importing this package needs triton; the kernels run on CUDA (Hopper for speed) and in Triton's
 interpreter (``TRITON_INTERPRET=1``) on CPU.

@@ -42,8 +42,9 @@ def round_to_e4m3(x):
 
 
 @triton.jit
-def round_unit_to_e4m3(p):
-    """Same rounding for values known to lie in [0, 1] (softmax P): no clamp and no sign."""
+def round_p_to_e4m3(p):
+    """Same rounding for softmax P, known to lie in [0, 448] (unit or scaled P, see
+    ``attention_fp8``): no clamp and no sign (values up to 464 round to at most 448)."""
     bits = p.to(tl.uint32, bitcast=True)
     lsb = (bits >> 20) & 1
     normal = ((bits + 0x7FFFF + lsb) & 0xFFF00000).to(tl.float32, bitcast=True)

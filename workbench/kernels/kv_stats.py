@@ -27,26 +27,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .config import DEFAULT, StatsConfig
 from .e4m3 import interpreting
 from .quantize import head_and_block_ids
 
-# Small per-thread accumulators (no spills) and many independent loads in flight. H200 sweeps,
-# 2026-11-30 (K+V read, % of copy): first session 64x4 44%, 32x8 58%, 16x32 70%; second session
-# 8x64 76-77%. Third session (1024-token chunks, heads-first grid order): 16-token sub-tiles, 64
-# per program as 4 loop steps of 16 unrolled = 0.263-0.265 ms = 83-84% of copy, 1.3 s to compile;
-# 8 x 128 fully unrolled 0.276-0.284 ms (77-80%) but ~40 s to compile per specialization; 8 x 128
-# in steps of 64 / 32 / 16: 82% / 72% / 52%; a plain loop 63-73%.
-STATS_ROWS = 16  # tokens per sub-tile
-STATS_SUB = 64  # sub-tiles per program
-STATS_WARPS = 4
-STATS_UNROLL = 16  # sub-tiles unrolled per loop step (gcd with STATS_SUB)
-STATS_STAGES = 1  # software pipelining of the outer loop (1 = none)
-# Grid order: False = consecutive programs walk one head's token chunks; True = they take the
-# heads of one chunk, so the programs in flight together read whole [Hkv * D] token rows (what a
-# "wide" program spanning several heads was for: slower in every config, 26-52% of copy; removed,
-# code at e5e0039)
-STATS_HEADS_FIRST = True
-FINAL_CHUNKS = 8  # partial rows added per finalize step
+# Tiling: config.StatsConfig. Small per-thread accumulators (no spills) and many independent
+# loads in flight: 16-token sub-tiles, 64 per program as 4 loop steps of 16 unrolled, heads-first
+# grid = 0.263 ms at the H3 shape (84% of copy, 1.3 s to compile); 8 x 128 fully unrolled 77-80%
+# but ~40 s to compile per specialization; a plain loop 63-73% (H200, 2026-11-30). A "wide"
+# program spanning several heads was slower in every config (26-52%; code at e5e0039).
 
 
 @dataclass(frozen=True)
@@ -168,7 +157,8 @@ def _kv_finalize_kernel(
     tl.store(V_AMAX + bh * HEAD_D + d, tl.maximum(hi, lo))
 
 
-def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool) -> KVStats:
+def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool,
+             config: StatsConfig = DEFAULT.stats) -> KVStats:
     """Statistics of k, v [B, S, Hkv, D] (bf16/fp16/fp32, last dim contiguous) in one K/V read.
 
     mu = (fixed-order FP32 sum) / S: it can differ from torch's mean in the last bits (another
@@ -176,24 +166,25 @@ def kv_stats(k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool, smooth_v: bool
     """
     B, S, Hkv, D = k.shape
     assert v.shape == k.shape and k.stride(-1) == 1 and v.stride(-1) == 1
-    unroll = math.gcd(STATS_UNROLL, STATS_SUB)
-    n_chunks = triton.cdiv(S, STATS_ROWS * STATS_SUB)
+    c = config
+    unroll = math.gcd(c.unroll, c.sub)
+    n_chunks = triton.cdiv(S, c.rows * c.sub)
     f32 = {"dtype": torch.float32, "device": k.device}
     parts = torch.empty((4, B * Hkv, n_chunks, D), **f32)
-    hf = bool(STATS_HEADS_FIRST)
+    hf = c.heads_first
     _kv_partial_kernel[(B * Hkv, n_chunks) if hf else (n_chunks, B * Hkv)](
         k, v, parts[0], parts[1], parts[2], parts[3],
         S, Hkv, n_chunks,
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, ROWS=STATS_ROWS, N_SUB=STATS_SUB, SUM_K=smooth_k, SUM_V=smooth_v,
-        HEADS_FIRST=hf, UNROLL=unroll, STAGES=STATS_STAGES, num_warps=STATS_WARPS,
+        HEAD_D=D, ROWS=c.rows, N_SUB=c.sub, SUM_K=smooth_k, SUM_V=smooth_v,
+        HEADS_FIRST=hf, UNROLL=unroll, STAGES=c.stages, num_warps=c.warps,
     )
     out = torch.zeros((3, B, Hkv, D), **f32)
     _kv_finalize_kernel[(B * Hkv,)](
         parts[0], parts[1], parts[2], parts[3], out[0], out[1], out[2],
         n_chunks, float(S),
-        HEAD_D=D, CB=FINAL_CHUNKS, SUM_K=smooth_k, SUM_V=smooth_v, INTERPRET=interpreting(),
+        HEAD_D=D, CB=c.final_chunks, SUM_K=smooth_k, SUM_V=smooth_v, INTERPRET=interpreting(),
         num_warps=4,
     )
     return KVStats(mu_k=out[0], mu_v=out[1], v_amax=out[2])

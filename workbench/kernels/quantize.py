@@ -11,15 +11,20 @@ Torch twin (``workbench.attention.reference.recipe_attention`` with ``quant.toke
     v8 = round_to_e4m3(vc / s_v)
     v_corr = mu_v - mean_t(v8 * s_v)                    # V-bias correction (or mu_v, or 0)
 
-Rounding: ``e4m3.round_to_e4m3`` (explicit, bit-exact on GPU and in the interpreter), then the cast.
+Rounding: on the GPU the hardware cast (cvt.rn.satfinite.e4m3x2.f32: round to nearest even,
+saturating at 448); H200, 2026-11-30: the same values as the explicit rounding for all 700M Q/K/V
+codes at the H3 shape (only the sign of 2,783 zeros differs, which dequantize alike). The
+interpreter's cast mis-rounds, so there ``e4m3.round_to_e4m3`` (explicit bit arithmetic) rounds
+first and the cast is then exact. Tiling: ``config.QuantConfig``.
 
 Output layouts, chosen for the attention kernel (``attention_fp8``):
 - Q8, K8: [B, H, S_pad, D] float8_e4m3fn, head-major so one head's tokens are contiguous rows of
   D bytes (a plain 2-D [B*H*S_pad, D] view for loads or a TMA descriptor); scales [B, H, S_pad/64].
 - V8t: [B, Hkv, D, S_pad], V TRANSPOSED: Hopper's FP8 wgmma needs both operands K-major, and for
-  P @ V the reduction runs over tokens, so tokens must be contiguous. With ``V_PERM`` the tokens
-  of each 32-token group are stored in the order in which the attention kernel's P registers
-  hold them (``v_token_order``; ``v8t_in_token_order`` undoes it), so P @ V needs no shuffles.
+  P @ V the reduction runs over tokens, so tokens must be contiguous. With ``QuantConfig.v_perm``
+  the tokens of each 32-token group are stored in the order in which the attention kernel's P
+  registers hold them (``v_token_order``; ``v8t_in_token_order`` undoes it), so P @ V needs no
+  shuffles.
 - S_pad = S rounded up to ``SEQ_PAD`` (256); pad tokens are written as exact zeros (scale 1) by the
   same kernels, so the attention kernel's main loop needs no masks on loads.
 
@@ -39,43 +44,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .config import DEFAULT, QuantConfig
 from .e4m3 import interpreting, round_to_e4m3
 
 SEQ_PAD = 256
 QK_BLOCK = 64  # tokens per Q/K scale (the recipe's qk_block)
-# V pass: one 64-token tile per program, 4 warps, transposed as the 16-bit tile (mode 2). H200
-# sweeps, 2026-11-30, whole Q/K/V pass at (1, 32626, 56, 128): 3.18 ms with 64x4 tiles, 1.86 ms
-# with 128x2, 1.26 ms with 128x2 and the hardware E4M3 cast, 1.06 ms with this
-# (scripts/gpu_vpass_h3.py). More sub-tiles per program measured slower every time (ptxas spills
-# the unrolled 128x2 program: 255 registers + 1 KB; this one uses 89 registers, no spills).
-V_ROWS = 64
-V_SUB = 1
-V_WARPS = 4
-QK_WARPS = 4
-# V^T store: 0 = store the [ROWS, D] tile through transposed pointers, 1 = transpose the FP8
-# codes in the kernel first (token-contiguous runs per thread), 2 = transpose the loaded 16-bit
-# tile and quantize in the store's [D, ROWS] layout
-V_TRANS_STORE = 2
-# GPU: round with the hardware cast (cvt.rn.satfinite.e4m3x2.f32 = RNE with saturation at 448).
-# H200 2026-11-30: the same VALUES as round_to_e4m3 for all 700M Q/K/V codes at the H3 shape; only
-# the sign of some zeros differs (2,783 codes: -0 vs +0, which dequantize alike), and the quant
-# pass drops from 1.87 to 1.26 ms. The interpreter always rounds explicitly (DESIGN.md section 5).
-HW_ROUND = True
-# fl32(1/448) = what torch's CUDA `amax / 448.0` multiplies by (see _quant_tokens_kernel)
+# fl32(1/448) = what torch's CUDA `amax / 448.0` multiplies by (see block_quant)
 INV_448: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(448.0)))
-# V-bias correction: each program sums CORR_ROWS channels' rows of V^T, CORR_BLOCK_T tokens a step
-# (or gcd(CORR_BLOCK_T, S_pad): the step divides the padded length, so no masks are needed)
-CORR_ROWS = 4
-CORR_BLOCK_T = 512
-# Grid order of the three passes: False = consecutive programs walk one head's token blocks; True
-# = consecutive programs take the heads of one token block, so the programs in flight together
-# read whole [H * D] token rows of the input. H200, H3 shape, third session: whole quantizer
-# 0.744 ms (tokens first, 8 x 256 correction tiles) -> 0.730 ms (heads first, 4 x 512)
-HEADS_FIRST = True
-# V^T's tokens in the order of P's wgmma registers within each 32-token group (see _v_src_token):
-# the attention kernel then feeds P to P @ V without the register shuffles of a layout conversion
-# (main loop 563 -> 512 SASS instructions per key tile)
-V_PERM = True
 
 
 @dataclass(frozen=True)
@@ -169,14 +144,14 @@ def _quant_v_kernel(
     V, MU, VSCALE, OUT8T,
     S, S_pad, HKV,
     stride_vb, stride_vs, stride_vh,
-    HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr, CENTER: tl.constexpr,
-    TRANS_STORE: tl.constexpr, HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr,
-    PERM: tl.constexpr,
+    HEAD_D: tl.constexpr, ROWS: tl.constexpr, CENTER: tl.constexpr, HW_ROUND: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, PERM: tl.constexpr,
 ):
-    """One program = one (batch, head, ROWS * N_SUB-token chunk): center, round with channel
-    scales, store transposed (PERM: column j holds token _v_src_token(j)). No per-channel sum
-    here: with one, triton computes the whole tile twice, once per layout; the correction sums
-    the stored codes instead (_v_corr_kernel)."""
+    """One program = one (batch, head, ROWS-token tile): center, round with channel scales,
+    store transposed (PERM: column j holds token _v_src_token(j)). The loaded 16-bit tile is
+    transposed (2-byte granules through shared memory, not the 1-byte codes) and quantized in the
+    [D, ROWS] layout of the store. No per-channel sum here: with one, triton computes the whole
+    tile twice, once per layout; the correction sums the stored codes instead (_v_corr_kernel)."""
     bh, c = head_and_block_ids(HEADS_FIRST)
     b = bh // HKV
     h = bh % HKV
@@ -185,24 +160,14 @@ def _quant_v_kernel(
     mu = tl.zeros([HEAD_D], tl.float32)
     if CENTER:
         mu = tl.load(MU + bh * HEAD_D + d)
-    if TRANS_STORE == 2:
-        _quant_v_transposed(V, OUT8T, c, bh, b, h, S, S_pad, stride_vb, stride_vs, stride_vh,
-                            d, mu, s, HEAD_D, ROWS, N_SUB, HW_ROUND, PERM)
-        return
-    for i in tl.static_range(N_SUB):
-        t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
-        src = _v_src_token(t, PERM)
-        ok = (src < S)[:, None]
-        x = tl.load(V + b * stride_vb + h * stride_vh + src[:, None] * stride_vs + d[None, :],
-                    mask=ok, other=0.0).to(tl.float32)
-        x = tl.where(ok, x - mu[None, :], 0.0)
-        _, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[None, :], x.shape)), HW_ROUND)
-        # transposed store: [D, ROWS] with tokens contiguous. TRANS_STORE transposes the tile
-        # first (through shared memory) so each thread writes runs of consecutive tokens.
-        if TRANS_STORE == 1:
-            tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], tl.trans(q8))
-        else:
-            tl.store(OUT8T + (bh * HEAD_D + d[None, :]) * S_pad + t[:, None], q8)
+    t = c * ROWS + tl.arange(0, ROWS)
+    src = _v_src_token(t, PERM)  # rows are loaded in the stored order: the store stays dense
+    ok = (src < S)[None, :]
+    xr = tl.load(V + b * stride_vb + h * stride_vh + src[:, None] * stride_vs + d[None, :],
+                 mask=(src < S)[:, None], other=0.0)
+    x = tl.where(ok, tl.trans(xr).to(tl.float32) - mu[:, None], 0.0)
+    _, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)), HW_ROUND)
+    tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], q8)
 
 
 @triton.jit
@@ -217,23 +182,6 @@ def _v_src_token(t, PERM: tl.constexpr):
                 + (k & 1))
     else:
         return t
-
-
-@triton.jit
-def _quant_v_transposed(V, OUT8T, c, bh, b, h, S, S_pad, stride_vb, stride_vs, stride_vh, d,
-                        mu, s, HEAD_D: tl.constexpr, ROWS: tl.constexpr, N_SUB: tl.constexpr,
-                        HW_ROUND: tl.constexpr, PERM: tl.constexpr):
-    """TRANS_STORE = 2: transpose the loaded 16-bit tile (2-byte granules through shared memory
-    instead of the 1-byte FP8 codes) and quantize in the [D, ROWS] layout of the store."""
-    for i in tl.static_range(N_SUB):
-        t = c * (ROWS * N_SUB) + i * ROWS + tl.arange(0, ROWS)
-        src = _v_src_token(t, PERM)  # rows are loaded in the stored order: the store stays dense
-        ok = (src < S)[None, :]
-        xr = tl.load(V + b * stride_vb + h * stride_vh + src[:, None] * stride_vs + d[None, :],
-                     mask=(src < S)[:, None], other=0.0)
-        x = tl.where(ok, tl.trans(xr).to(tl.float32) - mu[:, None], 0.0)
-        _, q8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape)), HW_ROUND)
-        tl.store(OUT8T + (bh * HEAD_D + d[:, None]) * S_pad + t[None, :], q8)
 
 
 @triton.jit
@@ -273,14 +221,15 @@ def _v_corr_kernel(
 
 
 def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
-                 v_bias_correction: bool) -> QuantizedQKV:
+                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant) -> QuantizedQKV:
     """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``."""
-    q8, q_scale = quantize_tokens(q)
-    k8, k_scale = quantize_tokens(k, mu_k if smooth_k else None)
-    v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax)
+    q8, q_scale = quantize_tokens(q, config=config)
+    k8, k_scale = quantize_tokens(k, mu_k if smooth_k else None, config=config)
+    v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax, config=config)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)
-    v_corr = v_correction(v8t, v_scale, mu_v, q.shape[1], mode)
-    return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, q.shape[1], bool(V_PERM))
+    v_corr = v_correction(v8t, v_scale, mu_v, q.shape[1], mode, config=config)
+    return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, q.shape[1],
+                        config.v_perm)
 
 
 def v_token_order(s_pad: int, perm: bool) -> torch.Tensor:
@@ -300,7 +249,8 @@ def v8t_in_token_order(qkv: QuantizedQKV) -> torch.Tensor:
     return out
 
 
-def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None):
+def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None, *,
+                    config: QuantConfig = DEFAULT.quant):
     """x [B, S, H, D] (centred by mu [B, H, D] when given) -> (codes [B, H, S_pad, D] E4M3,
     scales [B, H, S_pad / 64] float32), one scale per 64-token block and head."""
     B, S, H, D = x.shape
@@ -309,17 +259,18 @@ def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None):
     interp = interpreting()
     x8 = torch.empty((B, H, S_pad, D), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((B, H, nb), dtype=torch.float32, device=x.device)
-    hf = bool(HEADS_FIRST)
+    hf = config.heads_first
     _quant_tokens_kernel[(B * H, nb) if hf else (nb, B * H)](
         x, x if mu is None else mu, x8, scale, S, S_pad, H, 1,
         x.stride(0), x.stride(1), x.stride(2),
         HEAD_D=D, BLOCK=QK_BLOCK, CENTER=mu is not None, SCALE_RECIP=not interp,
-        HW_ROUND=HW_ROUND and not interp, HEADS_FIRST=hf, num_warps=QK_WARPS,
+        HW_ROUND=not interp, HEADS_FIRST=hf, num_warps=config.qk_warps,
     )
     return x8, scale
 
 
-def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor):
+def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor, *,
+               config: QuantConfig = DEFAULT.quant):
     """v [B, S, Hkv, D] (centred by mu_v when given; v_amax = max_t |v - mu_v|, [B, Hkv, D]) ->
     (codes V^T [B, Hkv, D, S_pad] E4M3, channel scales [B, Hkv, D] float32)."""
     B, S, Hkv, D = v.shape
@@ -327,26 +278,25 @@ def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor)
     interp = interpreting()
     v8t = torch.empty((B, Hkv, D, S_pad), dtype=torch.float8_e4m3fn, device=v.device)
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
-    assert S_pad % (V_ROWS * V_SUB) == 0
-    n_chunks = S_pad // (V_ROWS * V_SUB)
-    hf = bool(HEADS_FIRST)
-    _quant_v_kernel[(B * Hkv, n_chunks) if hf else (n_chunks, B * Hkv)](
+    n_tiles = S_pad // config.v_rows  # v_rows divides SEQ_PAD (QuantConfig checks)
+    hf = config.heads_first
+    _quant_v_kernel[(B * Hkv, n_tiles) if hf else (n_tiles, B * Hkv)](
         v, v_scale if mu_v is None else mu_v, v_scale, v8t, S, S_pad, Hkv,
         v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, ROWS=V_ROWS, N_SUB=V_SUB, CENTER=mu_v is not None,
-        TRANS_STORE=int(V_TRANS_STORE), HW_ROUND=HW_ROUND and not interp, HEADS_FIRST=hf,
-        PERM=bool(V_PERM), num_warps=V_WARPS,
+        HEAD_D=D, ROWS=config.v_rows, CENTER=mu_v is not None, HW_ROUND=not interp,
+        HEADS_FIRST=hf, PERM=config.v_perm, num_warps=config.v_warps,
     )
     return v8t, v_scale
 
 
-def v_correction(v8t, v_scale, mu_v, seq_len: int, mode: int) -> torch.Tensor:
+def v_correction(v8t, v_scale, mu_v, seq_len: int, mode: int, *,
+                 config: QuantConfig = DEFAULT.quant) -> torch.Tensor:
     """The vector added to the quantized rows' FP32 output, [B, Hkv, D] float32: mode 0 = zeros,
     1 = mu_v (smoothing only), 2 = mu_v - s_v * mean_t(codes) (the V-bias correction)."""
     B, Hkv, D, S_pad = v8t.shape
     v_corr = torch.empty((B, Hkv, D), dtype=torch.float32, device=v8t.device)
-    rows_d = min(CORR_ROWS, D)
-    block_t = math.gcd(CORR_BLOCK_T, S_pad)  # a divisor of S_pad (a multiple of SEQ_PAD)
+    rows_d = min(config.corr_rows, D)
+    block_t = math.gcd(config.corr_block_t, S_pad)  # a divisor of S_pad (a multiple of SEQ_PAD)
     _v_corr_kernel[(B * Hkv, D // rows_d)](
         v8t, mu_v, v_scale, v_corr, S_pad, float(seq_len),
         HEAD_D=D, ROWS_D=rows_d, BLOCK_T=block_t, MODE=mode, INTERPRET=interpreting(),

@@ -24,9 +24,14 @@ V_FORMATS = ("bf16", "fp8_e4m3", "exact")
 V_GRANULARITIES = ("channel", "tensor")
 P_FORMATS = ("bf16", "fp8_e4m3", "exact")
 OUT_FORMATS = ("bf16", "exact")
-# "unit": P = 2^(s - m) lies in [0, 1] and is cast to E4M3 as is (FP8 Sol).
-# "rowmax448": P is multiplied by 448 before the cast so the row max uses E4M3's whole range.
-P_SCALINGS = ("unit", "rowmax448")
+# How P = 2^(s - m) (m = the row max, so P in [0, 1]) is scaled before its cast to E4M3; the row
+# sum and P @ V take the same scaled P, so the scale cancels in the output:
+# "unit": no scaling (FP8 Sol). P < 2^-6 falls into E4M3's subnormal range (spacing 2^-9) and
+#   P < 2^-10 rounds to zero, so many small probabilities lose most of their mass.
+# "exp2_offset8": P * 2^8 = 2^(s - m + 8), the constant folded into the exponent (FlashAttention-3
+#   style): P in [0, 256], subnormal only below 2^-14; exact to undo (a power of two).
+# "rowmax448": P * 448, so the row max lands on E4M3's largest value (448 = 1.75 * 2^8).
+P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 SMOOTHINGS = ("none", "k", "kv")
 ACCUMULATIONS = ("fp32", "reduced")
 SPARSITIES = ("dense", "sol", "vsa")
@@ -237,9 +242,9 @@ def validate(r: AttentionRecipe) -> None:
             f"recipe field 'v_bias_correction': V is not quantized (v_format={r.v_format!r}), "
             "there is no quantization bias to correct"
         )
-    if r.p_scaling == "rowmax448" and r.p_format != "fp8_e4m3":
+    if r.p_scaling != "unit" and r.p_format != "fp8_e4m3":
         raise RecipeError(
-            "recipe field 'p_scaling': 'rowmax448' only applies to p_format='fp8_e4m3'"
+            f"recipe field 'p_scaling': {r.p_scaling!r} only applies to p_format='fp8_e4m3'"
         )
     for name, lo in (("qk_block", 1), ("sol_block", 1), ("vsa_tile", 1), ("accum_flush_keys", 1)):
         if getattr(r, name) < lo:

@@ -1,0 +1,120 @@
+"""Markdown and short text tables of a bench report (pure functions: report dict in, text out).
+
+A report is what ``cli.run`` returns and ``workbench bench --json`` writes:
+``{"env": {...}, "ceilings": {...}, "skipped": {peer: reason}, "rows": [row, ...]}`` with rows as
+``attention.side_by_side`` makes them (shape, S, variant, mode, precision, ms, tflops, peak_gib,
+rel_l2, cosine, and emu_rel_l2 / read_tbs / note where they apply).
+"""
+
+from __future__ import annotations
+
+TIMED = ("full", "kernel")
+
+ACCURACY_NOTE = (
+    "rel-L2 = ||out - ref|| / ||ref|| on {rows} evenly spaced query rows against float64 "
+    "attention of the same bf16 inputs over the full context; 'torch emu' = the same recipe in "
+    "the project's torch emulation (a kernel passes at <= 1.25x it). BF16 peers sit at the BF16 "
+    "output-rounding floor (~1.7e-3). The FP8 peers with per-tensor or per-head scales "
+    "(cudnn_fp8, fa3_fp8) lose accuracy as S grows: Hopper's FP8 tensor-core accumulator keeps "
+    "fewer mantissa bits than FP32, and these kernels add each P @ V product into it over the "
+    "whole key range instead of flushing it to an FP32 buffer every tile (the fix FlashAttention "
+    "calls two-level accumulation), so the error rises with the number of keys summed; their "
+    "scales also span K's per-channel bias, which no smoothing removes. SageAttention2 "
+    "(fp32+fp32: flushed to FP32, K smoothed) and ours (every FP8 chain flushed to FP32 after "
+    "<= 128 terms, K/V smoothing) stay near the BF16 floor."
+)
+
+
+def _precision(row: dict) -> str:
+    if "precision" in row:
+        return row["precision"]
+    return "bf16" if row["variant"].startswith(("sdpa", "fa3_bf16")) else "fp8"
+
+
+def shapes(report: dict) -> list[str]:
+    out = []
+    for r in report["rows"]:
+        if r["shape"] not in out:
+            out.append(r["shape"])
+    return out
+
+
+def fastest_bf16(rows: list[dict]) -> dict | None:
+    """The fastest BF16 peer's "full" row among `rows` (one shape), or None."""
+    bf16 = [r for r in rows if _precision(r) == "bf16" and r["mode"] == "full"]
+    return min(bf16, key=lambda r: r["ms"]) if bf16 else None
+
+
+def _fmt(x, spec: str) -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and x == x else ""
+
+
+def markdown(report: dict, *, rows: int = 64) -> str:
+    """One table per shape: time, TFLOP/s, ratio vs the run's fastest BF16 peer, peak memory,
+    accuracy; under each table which peer the ratio is against and what the accuracy means."""
+    env = report.get("env") or {}
+    lines = [f"Device {env.get('device')}, torch {env.get('torch')}, triton {env.get('triton')}, "
+             f"CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, cudnn-frontend "
+             f"{env.get('cudnn_frontend', 'absent')}, {env.get('date')}"
+             + (f", commit {env['commit']}" if env.get("commit") else "") + "."]
+    c = report.get("ceilings") or {}
+    if c:
+        lines.append("Ceilings (same run): " + ", ".join(f"{k} {v:.1f}" for k, v in c.items()))
+    for name, why in (report.get("skipped") or {}).items():
+        lines.append(f"Skipped {name}: {why}")
+    for shape in shapes(report):
+        rs = [r for r in report["rows"] if r["shape"] == shape]
+        base = fastest_bf16(rs)
+        bname = base["variant"] if base else "none"
+        lines += ["", f"Shape {shape}, bf16 inputs with per-channel K/V bias, non-causal:", "",
+                  f"| variant | mode | ms | TFLOP/s | x {bname} | peak extra GiB | rel-L2 vs f64 "
+                  "| torch emu rel-L2 | note |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in rs if r["mode"] in TIMED):
+            ratio = f"{base['ms'] / r['ms']:.2f}" if base else ""
+            lines.append(
+                f"| {r['variant']} | {r['mode']} | {r['ms']:.3f} | {_fmt(r['tflops'], '.0f')} | "
+                f"{ratio} | {r['peak_gib']:.2f} | {_fmt(r['rel_l2'], '.3e')} | "
+                f"{_fmt(r.get('emu_rel_l2'), '.3e')} | {r.get('note', '')} |")
+        parts = [f"{r['variant']} {r['mode']} {r['ms']:.3f} ms"
+                 + (f" ({r['read_tbs']:.2f} TB/s read)" if "read_tbs" in r else "")
+                 for r in rs if r["mode"] not in TIMED]
+        ref = (f"x = time of {bname} ({base['ms']:.2f} ms, the fastest BF16 peer in this run) / "
+               "time of the row." if base else "No BF16 peer ran: no ratio.")
+        lines += ["", ref + " " + ACCURACY_NOTE.format(rows=rows)]
+        if parts:
+            lines += ["", "Passes of the full call (prep = statistics + quantization): "
+                      + "; ".join(parts) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def summary(report: dict) -> str:
+    """A short text table: per shape, each full / kernel row's ms, ratio and rel-L2."""
+    out = []
+    for shape in shapes(report):
+        rs = [r for r in report["rows"] if r["shape"] == shape]
+        base = fastest_bf16(rs)
+        bname = base["variant"] if base else "-"
+        out.append(f"{shape}  (x = vs {bname})")
+        for r in rs:
+            if r["mode"] in TIMED:
+                ratio = f"x{base['ms'] / r['ms']:.3f}" if base else ""
+                out.append(f"  {r['variant'][:44]:44s} {r['mode']:6s} {r['ms']:9.3f} ms "
+                           f"{ratio:>7s} relL2 {_fmt(r['rel_l2'], '.3e')}")
+    return "\n".join(out)
+
+
+def sweep_markdown(rows: list[dict]) -> str:
+    """Table of ``sweep.sweep`` rows: one line per (config, part)."""
+    lines = ["| config | part | ms (each repeat) | rate | rel-L2 vs f64 | same values as first |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['label']} | {r['part']} | failed: {r['error'][:80]} | | | |")
+            continue
+        ms = " / ".join(f"{x:.3f}" for x in r["ms_runs"])
+        rate = (f"{r['tflops']:.0f} TFLOP/s" if "tflops" in r
+                else f"{r['tbs']:.2f} TB/s" if "tbs" in r else "")
+        lines.append(f"| {r['label']} | {r['part']} | {ms} | {rate} | "
+                     f"{_fmt(r.get('rel_l2'), '.4e')} | {r.get('same_values', '')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,151 @@
+"""Kernel configurations: frozen dataclasses passed explicitly, with named presets.
+
+Every kernel entry point takes ``config=`` (``kv_stats(..., config=StatsConfig)``,
+``quantize_qkv(..., config=QuantConfig)``, ``fp8_attention_fwd(..., config=AttentionConfig)``,
+``dispatch.fp8_recipe_attention(..., config=KernelConfig)``); the default is ``DEFAULT``, the
+values measured fastest on an H200 (BENCHMARKS.md). Nothing reads module globals for tuning, and
+every config computes the same values (only the attention config's ``flush`` changes how the FP8
+products reach FP32, never the precision contract), so a sweep can pass any of them.
+
+Measured H200 values (torch 2.11, triton 3.6, shape (1, 32626, 56, 128)), 2026-11-30:
+- attention: 64 query rows x 128 keys per tile, 4 warps, 2 pipeline stages, a 168-register cap
+  (3 programs per SM), host-built TMA descriptors, the per-tile FP32 flush written as an FMA
+  (``flush="fma"``: ptxas keeps the wgmmas asynchronous), 37.2 ms for the kernel alone;
+- statistics: 16-token sub-tiles, 64 per program as 4 loop steps of 16 unrolled, 4 warps, heads
+  first: 0.263 ms = 84% of the copy bandwidth;
+- quantizer: one 64-token V tile per program transposed as the 16-bit tile, 4 warps; Q/K blocks
+  4 warps; heads-first grid; correction tiles of 4 channels x 512 tokens: 0.73 ms.
+
+Options that benchmarks measured slower were removed; the code is in the history (commit 032b533
+has all of them): lazy rescaling (``lazy_tau``, +10%), triton's automatic warp specialization
+(spills, +15%), descriptors built in the kernel (``use_tma="device"``, +3-12%) and its scratch
+allocator, the unfolded K scales (``sk_fold=False``, 609 vs 563 SASS per key tile, +4%), explicit
+P rounding on the GPU (``round_p``, 22% slower, identical values: the hardware cast rounds the same
+way; the interpreter still rounds explicitly), explicit E4M3 rounding in the GPU quantizer
+(``HW_ROUND=False``, 1.87 vs 1.26 ms, same values), the V transpose store modes 0 and 1 and
+several sub-tiles per V program (``V_TRANS_STORE``, ``V_SUB``: slower in every measured config).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+FLUSHES = ("fma", "triton")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tiling and launch of ``attention_fp8.fp8_attention_fwd``.
+
+    flush: how each tile's FP8 product chains reach the FP32 accumulator, both after at most
+    ``max_imprecise`` terms. "fma": Q K^T as one head-dim-long chain from zero and P @ V into a
+    fresh accumulator added with ``acc * alpha + pv`` (production); "triton": triton's
+    ``max_num_imprecise_acc`` on both dots, which makes ptxas serialize every wgmma (C7514, 2-4%
+    slower) and is kept as the accuracy reference: with ``max_imprecise=0`` it accumulates in full
+    FP32 after every 32-wide MMA step (4.4x slower, the same rel-L2 on the H200).
+    """
+
+    block_m: int = 64  # query rows per program (one warpgroup)
+    block_n: int = 128  # keys per tile: 64 (one K scale per tile) or 128 (two, folded)
+    num_warps: int = 4
+    num_stages: int = 2
+    maxnreg: int | None = 168  # register cap: 3 programs per SM on Hopper
+    use_tma: bool = True  # host-built TMA descriptors (False: pointer loads)
+    flush: str = "fma"
+    max_imprecise: int = 128
+
+    def __post_init__(self) -> None:
+        if self.flush not in FLUSHES:
+            raise ValueError(f"AttentionConfig.flush: {self.flush!r}; choose one of {FLUSHES}")
+        if self.block_n not in (64, 128):
+            raise ValueError(f"AttentionConfig.block_n: {self.block_n}; choose 64 or 128 "
+                             "(one or two 64-token K scales per key tile)")
+        if self.block_m not in (64, 128):
+            raise ValueError(f"AttentionConfig.block_m: {self.block_m}; choose 64 or 128")
+        if self.flush == "fma" and self.block_n > self.max_imprecise:
+            raise ValueError(f"AttentionConfig: flush='fma' flushes after block_n={self.block_n} "
+                             f"FP8 terms, more than max_imprecise={self.max_imprecise}; use "
+                             "flush='triton'")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Programs of ``quantize.quantize_qkv`` (Q/K block pass, V transpose pass, V correction)."""
+
+    qk_warps: int = 4
+    v_rows: int = 64  # tokens per V program (one tile, transposed as the 16-bit tile)
+    v_warps: int = 4
+    corr_rows: int = 4  # channels of V^T summed per correction program
+    corr_block_t: int = 512  # tokens per step (or its gcd with the padded length)
+    # Grid order: True = consecutive programs take the heads of one token block, so the programs
+    # in flight together read whole [H * D] token rows (0.730 vs 0.744 ms for the quantizer).
+    heads_first: bool = True
+    # V^T's tokens in the order of P's wgmma registers within each 32-token group: the attention
+    # kernel feeds P to P @ V without a layout conversion (512 vs 563 SASS per key tile). False
+    # stores token order (the reference the CPU test compares against).
+    v_perm: bool = True
+
+    def __post_init__(self) -> None:
+        if self.v_rows not in (32, 64, 128, 256):
+            raise ValueError(f"QuantConfig.v_rows: {self.v_rows}; a power of two 32..256 "
+                             "(a divisor of the 256-token padding)")
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    """Programs of ``kv_stats.kv_stats``: each sums ``rows * sub`` tokens of one head."""
+
+    rows: int = 16  # tokens per sub-tile
+    sub: int = 64  # sub-tiles per program
+    warps: int = 4
+    unroll: int = 16  # sub-tiles unrolled per loop step (gcd with sub)
+    stages: int = 1  # software pipelining of the loop over groups (1 = none)
+    heads_first: bool = True  # grid order, as QuantConfig.heads_first
+    final_chunks: int = 8  # partial rows added per finalize step
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """The three configs of one full recipe call (``dispatch.fp8_recipe_attention``)."""
+
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+
+    @classmethod
+    def h200(cls) -> KernelConfig:
+        """The values measured fastest on one H200 (see the module docstring)."""
+        return cls()
+
+    def with_attention(self, **overrides) -> KernelConfig:
+        return replace(self, attention=replace(self.attention, **overrides))
+
+    def with_quant(self, **overrides) -> KernelConfig:
+        return replace(self, quant=replace(self.quant, **overrides))
+
+    def with_stats(self, **overrides) -> KernelConfig:
+        return replace(self, stats=replace(self.stats, **overrides))
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+    @classmethod
+    def from_overrides(cls, overrides: dict, base: KernelConfig | None = None) -> KernelConfig:
+        """``{"attention": {...}, "quant": {...}, "stats": {...}}`` applied to `base` (default
+        DEFAULT); an unknown section or field raises ValueError naming it."""
+        cfg = base or DEFAULT
+        for section, values in overrides.items():
+            if section not in ("attention", "quant", "stats"):
+                raise ValueError(f"kernel config: unknown section {section!r} "
+                                 "(attention, quant, stats)")
+            sub = getattr(cfg, section)
+            try:
+                cfg = replace(cfg, **{section: replace(sub, **values)})
+            except TypeError as exc:
+                raise ValueError(f"kernel config section {section!r}: {exc}") from None
+        return cfg
+
+
+DEFAULT = KernelConfig.h200()
