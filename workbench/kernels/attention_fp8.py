@@ -27,6 +27,26 @@ Numerics:
 Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad] (``quantize.py``);
 head dim 64 or 128; non-causal; any S: the full key tiles run in the main loop without masks, the
 partial last tile (S % BLOCK_N keys) is peeled and runs once with the key mask.
+
+Block-sparse attention (``routing=``, a ``routing.BlockRouting``; torch twin: ``recipe_attention``
+with the ``fp8_sol_*`` recipes or an FP8 recipe with ``sparsity="vsa"``) is a compile-time
+specialization (SPARSE) of the same kernel, so the dense specialization compiles exactly as
+before (scripts/sass_stats.py: 512 SASS instructions per key tile, 168 registers, both forms):
+- each 64-row program walks its query block's list of exact key blocks (ascending) in tiles of
+  two 64-key blocks (``_list_tile``): one TMA box per block, or gathered loads; each half keeps
+  its own K scale (the two-scale fold of ``_softmax_pv``); V^T's token permutation stays within
+  32-token groups, so 64-key halves keep it. The unmasked tiles come first; an odd last entry and
+  the partial last key block of the sequence form one masked tile, as the dense peeled tile. With
+  every block exact the tiles, their order and their masks are the dense kernel's: the same bits;
+- Sol's summary route (``_summary_step``, after the exact tiles) adds the other blocks to the same
+  online softmax: w = 2^(q . kc_j * c - m) on vc_j and w * len_j on l, with kc_j in the exact
+  scores' K units and vc_j / s_v in acc's V units, products in BF16 / TF32 / FP32
+  (``SparseConfig.summary_precision``; the twin: FP32) with FP32 accumulation;
+- load balance (``config.SparseConfig``): a work list of query blocks, longest list first, and
+  / or KV splits (contiguous parts of each list, one program each, merged by ``_combine_kernel``
+  with the same epilogue).
+Like the dense kernel, each part rounds P against its own running max: KV splits change the FP8
+rounding of P, not the precision.
 """
 
 from __future__ import annotations
