@@ -111,7 +111,8 @@ def test_gpu_script_commands_and_summary(tmp_path):
     tests = g.stage_command("tests", args, 100)
     assert tests[tests.index("-m", 3) + 1] == "gpu" and "tests/test_kernels_routing.py" in tests
     bench = g.stage_command("sparse", args, 100)
-    assert bench[bench.index("--budget-s") + 1] == "70"
+    assert bench[bench.index("--budget-s") + 1] == "70" and "--no-sweep" in bench
+    assert "--no-sweep" not in g.stage_command("sparse", g.parse_args(["--sweep"]), 100)
     assert bench[bench.index("--densities") + 1 : bench.index("--densities") + 3] == ["0.2", "1.0"]
     with pytest.raises(ValueError, match="stage"):
         g.stage_command("nope", args, 10)
@@ -195,24 +196,38 @@ def test_sparse_bench_smoke_run_on_the_cpu(tmp_path, capsys):
     (interpreter), the emulation errors are real numbers, the GPU-only variants are skipped with
     their reason, and the JSON report and markdown table are written."""
     assert sparse.main(["--device", "cpu", "--heads", "2", "--seq", "512", "--rows", "8",
-                        "--densities", "0.6", "1", "--json", str(tmp_path / "r.json"),
+                        "--densities", "0.6", "1", "--taus", "2.0", "--no-sweep",
+                        "--json", str(tmp_path / "r.json"),
                         "--markdown", str(tmp_path / "r.md")]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     assert (tmp_path / "r.md").read_text() in capsys.readouterr().out
     names = [r["variant"] for r in report["rows"]]
     assert names == ["sdpa_cudnn_bf16", "ours fp8_dense_kv_corrected", "ours FP8 Sol exact",
-                     "ours FP8 VSA", "ours FP8 Sol exact", "ours FP8 VSA"]
+                     "ours FP8 VSA", "ours FP8 Sol exact", "ours FP8 VSA", "ours FP8 Sol exact"]
     assert all("kernel" in r["skipped"] for r in report["rows"][1:])  # no CPU kernels
     assert "sol_attn" in report["peer"]
     sol = [r for r in report["rows"] if r["route"] == "sol"]
     assert abs(sol[0]["density"] - 0.6) <= 0.05 and sol[1]["density"] == 1.0
-    assert sol[1]["tau"] == -math.inf
+    assert sol[1]["tau"] == -math.inf and sol[2]["tau"] == 2.0 and sol[2]["density"] < 0.6
     vsa = [r for r in report["rows"] if r["route"] == "vsa"]
     assert vsa[0]["density"] == 5 / 8 and vsa[1]["density"] == 1.0  # round(0.6 * 8) tiles
     errs = [r["emu_rel_l2"] for r in report["rows"][1:]]
     assert all(0 < e < 0.05 for e in errs), errs
-    assert len(report["routing"]) == 2 + 2 * 2
+    assert len(report["routing"]) == 2 + 2 * 2 + 1
     assert "ours FP8 Sol exact" in sparse.markdown(report)
+
+
+def test_sweep_configs_change_one_option_each():
+    from workbench.kernels.config import DEFAULT
+
+    configs = sparse.sweep_configs(DEFAULT)
+    labels = [label for label, _ in configs]
+    assert len(set(labels)) == len(labels) and configs[0][1] == DEFAULT
+    for label, cfg in configs[1:]:
+        changed = [f for f in ("attention", "sparse") if getattr(cfg, f) != getattr(DEFAULT, f)]
+        assert len(changed) == 1, label
+        a, b = getattr(cfg, changed[0]), getattr(DEFAULT, changed[0])
+        assert sum(getattr(a, n) != getattr(b, n) for n in a.__dataclass_fields__) == 1, label
 
 
 @cpu_only

@@ -6,7 +6,8 @@ NVIDIA's BF16 Sol attention, on synthetic H3 inputs (GPU).
 Inputs: ``workbench.synthetic.synthetic_qkv`` at the live shape (1, 32626, 56, 128) with its
 layout (370 prefix rows: the Sol sink and the BF16 prefix rows), or ``--seq`` for a smaller
 ``small_config``. Sol's tau per target density is found with the GPU routing
-(``routing.sol_tau_for_density``; 100% = tau -inf); VSA's keep fraction is set so that it routes
+(``routing.sol_tau_for_density``; 100% = tau -inf), plus the anchor taus (default 1, the recipe's
+and the reference measurement's); VSA's keep fraction is set so that it routes
 the same density (prefix tiles exempt), on the same recipe otherwise (K/V smoothing, V-bias
 correction, BF16 prefix rows).
 
@@ -20,7 +21,9 @@ on ``rows`` evenly spaced query rows (prefix rows included); "emu" is the recipe
 - NVIDIA ``sol_attn`` (CuTe DSL, SM90, BF16; optional: timed when importable, e.g. the caller puts
   it on PYTHONPATH) at the same tau, threshold and sink (``sink_start=0, sink_tokens=prefix``);
   its density column is our routing's at that tau;
-- routing: the block-sum pass alone (read rate of Q, K and V) and the whole Sol / VSA routing.
+- routing: the block-sum pass alone (read rate of Q, K and V) and the whole Sol / VSA routing;
+- the sparse kernel's options (``sweep_configs``: schedule, KV splits, loads, summary precision,
+  register cap, 64-key tiles) at the anchor tau, full calls.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class SparseBenchConfig:
     peer: bool = True
     budget_s: float = 300.0  # no new variant starts after this many seconds
     seed: int = 0
+    anchor_taus: tuple[float, ...] = (1.0,)  # Sol rows at these taus too (the recipe's default)
+    sweep: bool = True  # time the sparse kernel's options (config.SparseConfig) at the anchor
     sol_recipe: str = SOL_RECIPE  # the base of the Sol and VSA rows (tau / keep set per density)
     dense_recipe: str = DENSE_RECIPE
     device: str = "cuda"  # "cpu": a smoke run of the plumbing (routing in Triton's interpreter)
@@ -101,6 +106,21 @@ def time_ms(fn, device: str, rep_ms: int) -> float:
     return 1e3 * (time.perf_counter() - t)
 
 
+def sweep_configs(base) -> list[tuple[str, object]]:
+    """(label, KernelConfig) of the sparse kernel's options, each one change from `base`."""
+    return [
+        ("default", base),
+        ("rows order", base.with_sparse(schedule="rows")),
+        ("kv_splits 2", base.with_sparse(kv_splits=2)),
+        ("kv_splits 4", base.with_sparse(kv_splits=4)),
+        ("gathered loads", base.with_sparse(tma=False)),
+        ("summary tf32", base.with_sparse(summary_precision="tf32")),
+        ("summary chunk 32", base.with_sparse(summary_chunk=32)),
+        ("maxnreg 232", base.with_sparse(maxnreg=232)),
+        ("64-key tiles", base.with_attention(block_n=64)),
+    ]
+
+
 def _rel_l2(out_rows: torch.Tensor, ref: torch.Tensor) -> float:
     o = out_rows.double()
     return float((o - ref).norm() / ref.norm())
@@ -125,6 +145,7 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     from workbench.recipes import get_recipe
 
     from .harness import env_info
+    from .peers import build_peer
 
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("sparse bench: device 'cuda' but no CUDA GPU (use --device cpu for a "
@@ -181,15 +202,8 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         return err
 
     # dense references
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    def sdpa():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            o = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return o.transpose(1, 2)
-
-    record("sdpa_cudnn_bf16", sdpa)
+    sdpa = build_peer("sdpa_cudnn", B, S, H, D)
+    record("sdpa_cudnn_bf16", lambda: sdpa.full(q, k, v))
     dense = get_recipe(cfg.dense_recipe)
     dense_row = record(f"ours {dense.name}", lambda: run_attention(
         q, k, v, dense, layout=layout, backend="kernel"), emu=emulate(dense))
@@ -204,40 +218,46 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
     sums = routing.block_sums(q, k, v)
     n_prefix_tiles = -(-prefix // 64)
-    plan = []
-    for d in cfg.densities:
-        tau = routing.sol_tau_for_density(q, k, v, sol_base, d, layout=layout, sums=sums)
+    plan = []  # (Sol recipe, its density, VSA recipe or None, its density)
+    targets = [(d, None) for d in cfg.densities] + [(None, t) for t in cfg.anchor_taus]
+    for d, tau in targets:
+        if tau is None:
+            tau = routing.sol_tau_for_density(q, k, v, sol_base, d, layout=layout, sums=sums)
         sol = sol_base.with_(sol_tau=tau)
         r = routing.sol_routing(q, k, v, sol, layout=layout, sums=sums)
-        vsa = sol_base.with_(sparsity="vsa", vsa_tile=64,
-                             vsa_keep=vsa_keep_for_density(d, nb, n_prefix_tiles))
-        rv = routing.vsa_routing(q, k, v, vsa, layout=layout, sums=sums)
-        plan.append((d, sol, r.density, vsa, rv.density))
         ms_sol = time_ms(lambda sol=sol: routing.sol_routing(q, k, v, sol, layout=layout),
-                         dev, cfg.rep_ms)
-        ms_vsa = time_ms(lambda vsa=vsa: routing.vsa_routing(q, k, v, vsa, layout=layout),
                          dev, cfg.rep_ms)
         report["routing"].append(dict(what=f"sol routing tau={tau:.4g}", target=d, ms=ms_sol,
                                       density=r.density))
-        report["routing"].append(dict(what=f"vsa routing keep={vsa.vsa_keep:.4g}", target=d,
-                                      ms=ms_vsa, density=rv.density))
-        log(f"  target {d:.2f}: sol tau {tau:.4g} density {r.density:.4f} routing {ms_sol:.3f} "
-            f"ms; vsa keep {vsa.vsa_keep:.4g} density {rv.density:.4f} routing {ms_vsa:.3f} ms")
-        del r, rv
+        log(f"  target {d}: sol tau {tau:.4g} density {r.density:.4f} routing {ms_sol:.3f} ms")
+        vsa = rv_density = None
+        if d is not None:
+            vsa = sol_base.with_(sparsity="vsa", vsa_tile=64,
+                                 vsa_keep=vsa_keep_for_density(d, nb, n_prefix_tiles))
+            rv_density = routing.vsa_routing(q, k, v, vsa, layout=layout, sums=sums).density
+            ms_vsa = time_ms(lambda vsa=vsa: routing.vsa_routing(q, k, v, vsa, layout=layout),
+                             dev, cfg.rep_ms)
+            report["routing"].append(dict(what=f"vsa routing keep={vsa.vsa_keep:.4g}",
+                                          target=d, ms=ms_vsa, density=rv_density))
+            log(f"  target {d:.2f}: vsa keep {vsa.vsa_keep:.4g} density {rv_density:.4f} "
+                f"routing {ms_vsa:.3f} ms")
+        plan.append((sol, r.density, vsa, rv_density))
+        del r
     del sums
     torch.cuda.empty_cache()
     if "ms" in dense_row:
         for r in report["routing"]:
             r["pct_of_dense_fp8"] = 100 * r["ms"] / dense_row["ms"]
 
-    # ours, sparse (skipped with the reason while no kernel supports the recipe)
-    for d, sol, dens, vsa, dens_v in plan:
+    # ours, sparse (skipped with the reason where no kernel supports the recipe)
+    for sol, dens, vsa, dens_v in plan:
         record(f"ours FP8 Sol {cfg.threshold}", lambda sol=sol: run_attention(
             q, k, v, sol, layout=layout, backend="kernel"), route="sol", density=dens,
             tau=sol.sol_tau, emu=emulate(sol))
-        record("ours FP8 VSA", lambda vsa=vsa: run_attention(
-            q, k, v, vsa, layout=layout, backend="kernel"), route="vsa", density=dens_v,
-            emu=emulate(vsa), note=f"keep={vsa.vsa_keep:.4g}")
+        if vsa is not None:
+            record("ours FP8 VSA", lambda vsa=vsa: run_attention(
+                q, k, v, vsa, layout=layout, backend="kernel"), route="vsa", density=dens_v,
+                emu=emulate(vsa), note=f"keep={vsa.vsa_keep:.4g}")
 
     # NVIDIA's Sol attention at the same tau, threshold and sink
     sol_attn, why = load_sol_attn() if cfg.peer else (None, "disabled (--no-peer)")
@@ -246,11 +266,23 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         report["peer"] = why
         log(f"  NVIDIA sol_attn: skipped ({why})")
     else:
-        for d, sol, dens, _, _ in plan:
+        for sol, dens, _, _ in plan:
             record(f"NVIDIA sol_attn {cfg.threshold} BF16", lambda sol=sol: sol_attn(
                 q, k, v, tau=sol.sol_tau, thresh_type=cfg.threshold, sink_start=0,
                 sink_tokens=prefix, kv_splits=1), route="sol", density=dens, tau=sol.sol_tau,
                 note="density: ours at the same tau")
+
+    # the sparse kernel's options at the last plan entry (the anchor tau): what the defaults of
+    # config.SparseConfig are to be chosen from
+    if cfg.sweep:
+        from workbench.kernels.config import DEFAULT
+        from workbench.kernels.dispatch import fp8_recipe_attention
+
+        sol, dens, _, _ = plan[-1]
+        for label, kcfg in sweep_configs(DEFAULT):
+            record(f"ours FP8 Sol {cfg.threshold} [{label}]", lambda kcfg=kcfg, sol=sol:
+                   fp8_recipe_attention(q, k, v, sol, layout=layout, config=kcfg),
+                   route="sol", density=dens, tau=sol.sol_tau, note="option sweep")
     report["total_s"] = time.time() - t0
     return report
 
@@ -307,6 +339,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--no-emulate", action="store_true", help="skip the torch emulation error")
     p.add_argument("--no-peer", action="store_true", help="skip NVIDIA's sol_attn")
+    p.add_argument("--no-sweep", action="store_true", help="skip the sparse kernel's options")
+    p.add_argument("--taus", type=float, nargs="*", default=[1.0],
+                   help="Sol rows (and NVIDIA's) at these taus too")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run of the plumbing (set TRITON_INTERPRET=1)")
     p.add_argument("--json", default=None)
@@ -324,7 +359,8 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
     return SparseBenchConfig(heads=args.heads, seq_len=args.seq,
                              densities=tuple(args.densities), threshold=args.threshold,
                              rows=args.rows, rep_ms=args.rep_ms, emulate=not args.no_emulate,
-                             peer=not args.no_peer, budget_s=args.budget_s, device=args.device)
+                             peer=not args.no_peer, budget_s=args.budget_s, device=args.device,
+                             sweep=not args.no_sweep, anchor_taus=tuple(args.taus))
 
 
 def write_report(report: dict, md: str, json_path: str | None, md_path: str | None) -> None:
