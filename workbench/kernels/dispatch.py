@@ -151,7 +151,8 @@ def dense_prefix_rows(q, k, v, prefix: int, scale: float) -> torch.Tensor:
     return o.transpose(1, 2)
 
 
-def try_kernel(q, k, v, recipe, *, layout: SegmentLayout | None = None, scale=None):
+def try_kernel(q, k, v, recipe, *, layout: SegmentLayout | None = None, scale=None,
+               config: KernelConfig = DEFAULT):
     """Full-sequence output [B, S, H, D] (q's dtype) from the kernels, or None when the recipe,
     shape or device is unsupported (the runner then uses the reference path)."""
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] < 9:
@@ -159,4 +160,4 @@ def try_kernel(q, k, v, recipe, *, layout: SegmentLayout | None = None, scale=No
     recipe = get_recipe(recipe)
     if unsupported_reason(q, k, v, recipe):
         return None
-    return fp8_recipe_attention(q, k, v, recipe, layout=layout, scale=scale)
+    return fp8_recipe_attention(q, k, v, recipe, layout=layout, scale=scale, config=config)
