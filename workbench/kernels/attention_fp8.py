@@ -169,12 +169,7 @@ def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, KC, VCS, LENS, k
     t = tl.dot(qsum, tl.trans(kc), input_precision=prec)
     t = tl.where(ok[None, :], t, float("-inf"))
     m_cand = tl.maximum(m_i, tl.max(t, axis=1))
-    if P_LOG2_SCALE == 0.0:
-        mq = m_cand * qs
-        alpha = tl.math.exp2(m_i * qs - mq)
-    else:
-        mq = tl.fma(m_cand, qs, -P_LOG2_SCALE)
-        alpha = tl.math.exp2(tl.fma(m_i, qs, -P_LOG2_SCALE) - mq)
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     w = tl.math.exp2(tl.fma(t, qs[:, None], -mq[:, None]))
     lens = tl.load(LENS + js, mask=ok, other=0.0)
     l_i = l_i * alpha + tl.sum(w * lens[None, :], axis=1)
@@ -182,6 +177,21 @@ def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, KC, VCS, LENS, k
     pv = tl.dot(_summary_operand(w, SUM_PREC, INTERPRET), vcs, input_precision=prec)
     acc = acc * alpha[:, None] + pv
     return acc, l_i, m_cand
+
+
+@triton.jit
+def _row_bias(m_i, m_cand, qs, P_LOG2_SCALE: tl.constexpr):
+    """(mq, alpha) of one online-softmax step: the exponent's row bias m_cand * qs - c and the
+    rescale 2^(m_i * qs - m_cand * qs) of the previous state (row maxes in K units, qs the Q row
+    factor). With c != 0 (P = 2^(s - m + c)) the bias is one FMA per row, as m*qs was one FMUL;
+    alpha is the ratio of two biases with the same c, so it does not change."""
+    if P_LOG2_SCALE == 0.0:
+        mq = m_cand * qs
+        alpha = tl.math.exp2(m_i * qs - mq)
+    else:
+        mq = tl.fma(m_cand, qs, -P_LOG2_SCALE)
+        alpha = tl.math.exp2(tl.fma(m_i, qs, -P_LOG2_SCALE) - mq)
+    return mq, alpha
 
 
 @triton.jit
@@ -215,14 +225,7 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
         mx1 = tl.max(tl.where(half0, float("-inf"), x), axis=1)
         m_cand = tl.maximum(m_i, tl.maximum(mx0 * s0, mx1 * s1))
         f = tl.where(half0, (qs * s0)[:, None], (qs * s1)[:, None])
-    if P_LOG2_SCALE == 0.0:
-        mq = m_cand * qs
-        alpha = tl.math.exp2(m_i * qs - mq)
-    else:
-        # P = 2^(s - m + c): the bias m*qs - c is one FMA per row (as m*qs was one FMUL); alpha
-        # is the ratio of two biases with the same c, so it does not change.
-        mq = tl.fma(m_cand, qs, -P_LOG2_SCALE)
-        alpha = tl.math.exp2(tl.fma(m_i, qs, -P_LOG2_SCALE) - mq)
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     p = tl.math.exp2(tl.fma(x, f, -mq[:, None]))
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if not PV_FMA:
