@@ -127,8 +127,12 @@ class SparseConfig:
     loads (False).
     maxnreg: the register cap of sparse launches (None: none). With the dense cap of 168 the
     summary route's operands next to the accumulator spill and ptxas serializes every wgmma of
-    the kernel (offline sm_90 compile, scripts/sass_stats.py); without a cap: 255 registers, no
-    spills, 587 SASS instructions per exact key tile (dense: 512).
+    the kernel.
+    Offline sm_90 compiles (scripts/sass_stats.py, 2026-11-30), SASS instructions of the main
+    loop per 128 exact keys: dense 512 (168 registers); sparse, no cap: 587 (255 registers, no
+    spills; the two 64-key TMA boxes are joined through shared memory), 64-key tiles 2 x 352
+    (dense 64-key tiles 2 x 341), gathered loads 1246 with 1.5 KB of spills; TF32 summary
+    operands make ptxas serialize the wgmmas (BF16 operands do not).
     Not measured on the H200 yet: the defaults are the expected choices, to be settled by
     ``workbench.bench.sparse``.
     """
