@@ -83,7 +83,7 @@ def test_every_block_exact_is_the_dense_kernel_bitwise(S, block_n, tma, schedule
 CASES = [  # (S, H, Hkv, D, recipe)
     (400, 4, 2, 64, "fp8_sol_kv_corrected"),
     (333, 2, 2, 128, "fp8_sol_k:sol_threshold=diag,sol_tau=0.5,p_scaling=exp2_offset8"),
-    (400, 4, 4, 64, "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3"),
+    (400, 2, 2, 64, "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3"),
 ]
 
 
@@ -113,12 +113,12 @@ def test_kv_parts_summary_precisions_and_schedules_agree():
     (2, 4 + the combine pass) round P against each part's own running max, and BF16 summary
     operands round the summary weights: FP8-level differences, each within the tolerance rule
     and far closer to the one-part result than either is to float64."""
-    q, k, v, layout = synthetic(330, 4, 2, 64, seed=9)
+    q, k, v, layout = synthetic(330, 2, 1, 64, seed=9)
     rec = get_recipe("fp8_sol_kv_corrected:sol_tau=0.5,dense_prefix=false")
     ref, _ = dense_attention_f64(q, k, v)
     e_emu = rel_l2(recipe_attention(q, k, v, rec, layout=layout).out, ref)
     qkv, route = operands(q, k, v, rec, layout)
-    kw = dict(num_heads=4, scale=1 / 8, return_lse=True, routing=route)
+    kw = dict(num_heads=2, scale=1 / 8, return_lse=True, routing=route)
     base, base_lse = fp8_attention_fwd(qkv, sparse=SparseConfig(
         schedule="rows", kv_splits=1, summary_precision="ieee"), **kw)
     same, _ = fp8_attention_fwd(qkv, sparse=SparseConfig(
