@@ -3,27 +3,36 @@ replacement through the same interceptor, replay API, CLI round trip."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
 from workbench.capture import AttentionInterceptor, capture, open_capture
-from workbench.capture.tiny_h3 import build_tiny_h3, sample, tiny_h3_inputs
-
-TEST_CONFIG = dict(num_attention_heads=2, attention_head_dim=128, hidden_size=64, num_layers=2,
-                   num_refiner_layers=1, ffn_dim=128, in_channels=4, audio_in_channels=4,
-                   text_dim=32, freq_dim=32, time_embed_hidden_dim=64, time_embed_dim=32)
+from workbench.models import load_model
+from workbench.models.h3 import pack_h3_sequence
 
 
 @pytest.fixture(scope="module")
-def model_f32():
-    return build_tiny_h3(seed=3, dtype=torch.float32, **TEST_CONFIG)
+def h3_f32():
+    return load_model("h3-tiny", dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
-def model_bf16():
-    return build_tiny_h3(seed=4, dtype=torch.bfloat16, **TEST_CONFIG)
+def h3_bf16():
+    return load_model("h3-tiny", dtype=torch.bfloat16)
+
+
+def _packed(h3, seed: int, t: float = 0.7):
+    """(forward kwargs, segment layout, position ids) of one step on random packed rows."""
+    g = torch.Generator().manual_seed(seed)
+    seg = h3.layout.segments
+    cfg = h3.model.config
+    patch = int(torch.tensor(cfg.patch_size).prod())
+    video = torch.randn(1, seg.video, cfg.in_channels * patch, generator=g).to(h3.dtype)
+    audio = torch.randn(1, seg.audio, cfg.audio_in_channels, generator=g).to(h3.dtype)
+    text = torch.randn(1, seg.text, cfg.text_dim, generator=g).to(h3.dtype)
+    kw, seg = pack_h3_sequence(video, audio, text, h3.layout, video_t=t)
+    return kw, seg, h3.layout.position_ids
 
 
 def _independent_qkv(attn, x, position_ids, theta=10000.0, freq_dim=16):
@@ -52,18 +61,19 @@ def _independent_qkv(attn, x, position_ids, theta=10000.0, freq_dim=16):
     return rope(q), rope(k), v
 
 
-def test_stored_qkv_equal_independent_recompute(model_f32, tmp_path):
-    inp = tiny_h3_inputs(model_f32, seed=1)
+def test_stored_qkv_equal_independent_recompute(h3_f32, tmp_path):
+    model_f32 = h3_f32.model
+    kw, layout, position_ids = _packed(h3_f32, seed=1)
     attn_inputs = {}
     hooks = [blk.attn.register_forward_pre_hook(
         lambda m, a, i=i: attn_inputs.__setitem__(i, a[0].detach().clone()))
         for i, blk in enumerate(model_f32.transformer_blocks)]
     try:
         with capture(model_f32, tmp_path / "s.zarr", layers=[0, 1], steps=[0], progress=False,
-                     layout=inp.layout) as cap:
+                     layout=layout) as cap:
             cap.step(0)
             with torch.no_grad():
-                model_f32(**inp.forward_kwargs(0.7))
+                model_f32(**kw)
     finally:
         for h in hooks:
             h.remove()
@@ -71,41 +81,44 @@ def test_stored_qkv_equal_independent_recompute(model_f32, tmp_path):
     assert [(e.step, e.layer, e.complete) for e in r.entries()] == [(0, 0, True), (0, 1, True)]
     for layer in (0, 1):
         q, k, v = r.qkv(0, layer)
-        assert q.dtype == torch.float32 and q.shape == (1, inp.layout.total, 2, 128)
+        assert q.dtype == torch.float32 and q.shape == (1, layout.total, 2, 128)
         attn = model_f32.transformer_blocks[layer].attn
         with torch.no_grad():
-            q2, k2, v2 = _independent_qkv(attn, attn_inputs[layer], inp.position_ids)
+            q2, k2, v2 = _independent_qkv(attn, attn_inputs[layer], position_ids)
         torch.testing.assert_close(q, q2, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(k, k2, rtol=1e-5, atol=1e-5)
         assert torch.equal(v, v2) or torch.allclose(v, v2, rtol=1e-6, atol=1e-6)
         # The check has teeth: without RoPE the rotated channels disagree, the rest agree.
         with torch.no_grad():
-            qn = _independent_qkv(attn, attn_inputs[layer], torch.zeros_like(inp.position_ids))[0]
+            qn = _independent_qkv(attn, attn_inputs[layer], torch.zeros_like(position_ids))[0]
         assert (q[..., :96] - qn[..., :96]).abs().max() > 1e-2
         torch.testing.assert_close(q[..., 96:], qn[..., 96:], rtol=1e-5, atol=1e-5)
 
 
-def test_capture_is_bit_identical_and_restores_processors(model_bf16, tmp_path):
-    inp = tiny_h3_inputs(model_bf16, seed=2)
+def test_capture_is_bit_identical_and_restores_processors(h3_bf16, tmp_path):
+    model_bf16 = h3_bf16.model
+    layout = h3_bf16.layout.segments
     procs = [b.attn.processor for b in model_bf16.transformer_blocks]
-    ref_v, ref_a = sample(model_bf16, inp, 3)
+    ref = h3_bf16.sample("a red ball", seed=2, steps=4)  # 4 grid points: 3 model calls, steps 0-2
     with capture(model_bf16, tmp_path / "c.zarr", layers=[0, 1], steps=[0, 2], progress=False,
-                 layout=inp.layout, seed=2, prompt="p", recipe="fp8_sol_kv_corrected") as cap:
-        out_v, out_a = sample(model_bf16, inp, 3, on_step=cap.step)
-    assert torch.equal(ref_v, out_v) and torch.equal(ref_a, out_a)
+                 layout=layout, seed=2, prompt="a red ball", recipe="fp8_sol_kv_corrected") as cap:
+        out = h3_bf16.sample("a red ball", seed=2, steps=4, callback=cap.step)
+    assert torch.equal(ref.video_rows, out.video_rows)
+    assert torch.equal(ref.audio_rows, out.audio_rows)
     assert [b.attn.processor for b in model_bf16.transformer_blocks] == procs
     r = open_capture(tmp_path / "c.zarr")
     assert sorted((e.step, e.layer) for e in r.entries()) == [(0, 0), (0, 1), (2, 0), (2, 1)]
     assert r.attrs["rotated_channels"] == 96 and r.attrs["seed"] == 2
     assert r.attrs["schema_version"] == 1 and '"name": "fp8_sol_kv_corrected"' in r.attrs["recipe"]
     assert r.attrs["model_config"]["num_attention_heads"] == 2
-    assert "torch" in r.attrs["library_versions"] and r.layout == inp.layout
+    assert "torch" in r.attrs["library_versions"] and r.layout == layout
     q, k, v = r.qkv(2, 1, heads=[1])
-    assert q.dtype == torch.bfloat16 and q.shape == (1, inp.layout.total, 1, 128)
+    assert q.dtype == torch.bfloat16 and q.shape == (1, layout.total, 1, 128)
     # Timesteps recorded as coordinates; the lazy xarray view matches qkv bit for bit.
     ds = r.to_xarray()
     assert ds.k.data.__class__.__name__ == "Array"  # dask: nothing read yet
-    assert math.isclose(float(ds.timestep.sel(step=0)), 1.0)
+    # H3's convention: the timestep grows from 0 (noise) towards 1 (clean)
+    assert float(ds.timestep.sel(step=0)) == 0.0 and 0.0 < float(ds.timestep.sel(step=2)) < 1.0
     kk = torch.from_numpy(ds.k.sel(step=2, layer=1).values.view("int16")).view(torch.bfloat16)
     assert torch.equal(kk, r.qkv(2, 1)[1])
     dec = open_capture(tmp_path / "c.zarr").to_xarray(decode=True)
@@ -113,9 +126,9 @@ def test_capture_is_bit_identical_and_restores_processors(model_bf16, tmp_path):
                        r.qkv(0, 0)[2].float())
 
 
-def test_replacement_through_the_same_interceptor(model_f32):
-    inp = tiny_h3_inputs(model_f32, seed=5)
-    kw = inp.forward_kwargs(0.5)
+def test_replacement_through_the_same_interceptor(h3_f32):
+    model_f32 = h3_f32.model
+    kw, _, _ = _packed(h3_f32, seed=5, t=0.5)
     with torch.no_grad():
         ref = model_f32(**kw).sample
         seen = []

@@ -12,12 +12,12 @@ import sys
 
 # One module per subcommand group, in the order `workbench --help` lists them.
 SUBCOMMAND_MODULES = [
-    "workbench.report.cli",  # table, recipes
+    "workbench.recipes.cli",  # recipes
+    "workbench.report.cli",  # table, report, scan-report, demo
     "workbench.capture.cli",  # capture, inspect, archive
     "workbench.bench.cli",  # bench (GPU side-by-side timings)
     "workbench.generate.cli",  # generate, compare
-    "workbench.viz.cli",  # report (PR figures + markdown)
-    "workbench.evaluate.cli",  # scan, plan, scan-report
+    "workbench.evaluate.cli",  # scan, plan
 ]
 
 

@@ -153,6 +153,12 @@ def is_h3_model(model: nn.Module) -> bool:
     return isinstance(model, mod.MiniMaxH3Transformer3DModel)
 
 
+def h3_rotated_channels(model: nn.Module) -> int:
+    """Channels of each head that H3's RoPE rotates: 2 (rotate-half pairs) x 3 axes (t, h, w) x
+    rope_freq_dim frequencies; 96 of 128 at full size, the rest pass through."""
+    return 2 * 3 * int(model.config.rope_freq_dim)
+
+
 # --------------------------------------------------------------------------------------------------
 # SDPA adapter
 

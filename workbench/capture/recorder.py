@@ -27,10 +27,10 @@ import zarr
 from zarr.errors import ContainsGroupError
 from zarr.storage import LocalStore
 
-from workbench.attention import SegmentLayout
+from workbench.layout import SegmentLayout
 
 from .identity import check_resume_identity
-from .intercept import AttentionCall, AttentionInterceptor, is_h3_model
+from .intercept import AttentionCall, AttentionInterceptor, h3_rotated_channels, is_h3_model
 from .lock import StoreLock
 from .schema import (
     CHUNK_RECORD,
@@ -94,8 +94,7 @@ def model_metadata(model) -> dict[str, Any]:
         cfg = dict(cfg)
     rotated = None
     if is_h3_model(model):
-        # H3 RoPE rotates 2 * 3 * rope_freq_dim channels of each head (96 of 128 at full size).
-        rotated = 2 * 3 * int(model.config.rope_freq_dim)
+        rotated = h3_rotated_channels(model)
     elif cfg and cfg.get("position_embedding_type") == "absolute":
         rotated = 0  # BERT-style models: no rotary channels at all
     return {"model_class": cls, "model_config": _jsonable(cfg), "model_dtype": model_dtype(model),

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import zarr
 
-from workbench.attention import SegmentLayout
+from workbench.layout import SegmentLayout
 
 from .schema import (
     CHUNK_RECORD,

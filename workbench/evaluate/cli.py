@@ -1,4 +1,4 @@
-"""``workbench scan``, ``workbench plan`` and ``workbench scan-report``.
+"""``workbench scan`` and ``workbench plan`` (``workbench scan-report`` is in workbench.report).
 
     workbench scan captures/demo_h3_nano.zarr --recipes bf16,fp8_dense,fp8_dense_k
     workbench plan captures/demo_h3_nano.scan.zarr --rule min_sqnr --budget 30 --out plan.json
@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from workbench.cli_args import parse_int_list
+
 
 def _ints(text: str | None, name: str) -> list[int] | None:
-    if not text or text == "all":
-        return None
-    from workbench.report.cli import _int_list
-
-    try:
-        return _int_list(text)
-    except ValueError:
-        raise ValueError(f"--{name}: cannot read {text!r} (e.g. 0-3 or 0,5,9)") from None
+    return parse_int_list(text, f"--{name}")
 
 
 def summary_table(ds) -> str:
@@ -96,19 +91,6 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def cmd_scan_report(args) -> int:
-    from workbench.report.scan_report import write_scan_report
-
-    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
-    bad = sorted(set(formats) - {"png", "svg", "html"})
-    if bad:
-        raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
-    md = write_scan_report(args.scan, args.out, plan=args.plan, formats=formats,
-                           recipe=args.recipe, step=args.step)
-    print(md)
-    return 0
-
-
 def register(sub) -> None:
     p = sub.add_parser("scan", help="every capture entry x recipe into a scan store (dask)")
     p.add_argument("store", help="capture store (zarr directory)")
@@ -150,15 +132,3 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, help="plan JSON (default SCAN.plan.json)")
     p.add_argument("--force", action="store_true", help="replace an existing plan file")
     p.set_defaults(func=cmd_plan)
-
-    p = sub.add_parser("scan-report", help="a scan's figures (png/svg/html) and markdown")
-    p.add_argument("scan", help="scan store")
-    p.add_argument("--out", required=True, help="output folder (report.md, figures/)")
-    p.add_argument("--plan", default=None, help="plan JSON to draw as a grid")
-    p.add_argument("--recipe", default=None,
-                   help="recipe for the error / benefit heatmaps (default: the last one)")
-    p.add_argument("--step", type=int, default=None,
-                   help="step of the layer x head heatmaps (default: the last)")
-    p.add_argument("--formats", default="png,svg,html", help="comma list of png, svg, html")
-    p.set_defaults(func=cmd_scan_report)
-

@@ -76,6 +76,7 @@ def generate(
     (the tensors that enter attention, before the replacement computes the output).
     """
     from workbench.capture import AttentionInterceptor
+    from workbench.capture.intercept import h3_rotated_channels
     from workbench.capture.identity import checkpoint_id
     from workbench.cli_args import check_in_range
 
@@ -95,7 +96,7 @@ def generate(
             None, capture, layers=capture_layers, steps=capture_steps, layout=layout,
             recipe=rec.to_json() if rec is not None else "native", seed=seed,
             prompt=str(prompt), progress=False,
-            rotated_channels=2 * 3 * int(h3.model.config.rope_freq_dim),
+            rotated_channels=h3_rotated_channels(h3.model),
             extra_attrs={"model_name": h3.name, "checkpoint_id": checkpoint_id(h3.name),
                          "model_dtype": str(h3.dtype).removeprefix("torch."),
                          "sampling_grid_points": grid,
@@ -226,7 +227,7 @@ def read_clip(folder: str | Path) -> Clip:
         raise FileNotFoundError(f"{folder}: no clip.safetensors or video.mp4")
     import imageio.v3 as iio
 
-    frames = torch.from_numpy(iio.imread(str(mp4), plugin="pyav" if False else None))
+    frames = torch.from_numpy(iio.imread(str(mp4)))
     video = frames.permute(0, 3, 1, 2).float() / 255.0
     audio, sr = torch.zeros(0), 0
     if wav.exists():

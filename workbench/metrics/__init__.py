@@ -9,12 +9,13 @@ from .boundaries import (
     error_along_tokens,
     token_mean_drift,
 )
+from workbench.jsonutil import json_safe
+
 from .tensor import (
     METRICS,
     benefit_pct,
     bootstrap_benefit,
     error_stats,
-    json_safe,
     per_head,
     stats_overall_and_per_head,
 )

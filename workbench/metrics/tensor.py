@@ -115,13 +115,3 @@ def bootstrap_benefit(
     hi = float(torch.quantile(ben, 1 - (1 - level) / 2))
     return lo, hi
 
-
-def json_safe(obj):
-    """Metric results as strict JSON: inf / nan become the strings "inf", "-inf", "nan"."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj

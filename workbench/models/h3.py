@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from workbench.attention import SegmentLayout
+from workbench.layout import SegmentLayout
 
 VIDEO_TAG, TEXT_TAG, AUDIO_TAG = 0, 1, 2
 

@@ -123,7 +123,7 @@ class RecipePlan:
         }
 
     def to_json(self, indent: int | None = None) -> str:
-        from workbench.metrics import json_safe
+        from workbench.jsonutil import json_safe
 
         return json.dumps(json_safe(self.to_dict()), sort_keys=indent is None, indent=indent)
 

@@ -1,9 +1,8 @@
-"""`workbench table`, `workbench recipes` and `workbench demo`."""
+"""`workbench table`, `workbench report`, `workbench scan-report` and `workbench demo`."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from workbench.cli_args import (
     parse_int_list,
     positive_int,
 )
-from workbench.recipes import PRESETS, get_recipe
+from workbench.recipes import get_recipe
 
 
 def load_table_input(args) -> dict:
@@ -82,21 +81,60 @@ def cmd_table(args) -> int:
     return 0
 
 
-def cmd_recipes(args) -> int:
-    if args.show:
-        print(json.dumps(get_recipe(args.show).to_dict(), indent=2))
-        return 0
-    width = max(len(n) for n in PRESETS)
-    for name, r in PRESETS.items():
-        print(f"{name:<{width}}  {r.describe()}")
-    return 0
-
-
 def cmd_demo(args) -> int:
     """The main job on the embedded default: writes everything under --out."""
     from workbench.report.demo import run_demo
 
     return run_demo(check_out_dir(args.out), quick=args.quick)
+
+
+def _check_heads(store, heads: list[int] | None, step, layer) -> None:
+    """The heads asked for must be captured in the entry the report reads (default: the last)."""
+    if heads is None:
+        return
+    from workbench.capture import open_capture
+
+    cap = open_capture(store)
+    if not cap.steps or not cap.layers:
+        return  # the report itself says the store has no complete entries
+    e = cap.find(cap.steps[-1] if step is None else step,
+                 cap.layers[-1] if layer is None else layer)
+    captured = list(cap.entry_metadata(e)[0]["q_heads"])
+    bad = [h for h in heads if h not in captured]
+    if bad:
+        raise ValueError(f"--heads: {bad} not captured in {store} entry {e.path}; captured query "
+                         f"heads: {captured}")
+
+
+def cmd_report(args) -> int:
+    from workbench.report.export import write_report
+
+    heads = parse_int_list(args.heads, "--heads")
+    check_out_dir(args.out)
+    check_device(args.device)
+    _check_heads(args.store, heads, args.step, args.layer)
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    bad = sorted(set(formats) - {"png", "svg", "html"})
+    if bad:
+        raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
+    md = write_report(args.store, args.a, args.b, args.out, step=args.step, layer=args.layer,
+                      heads=heads, n_queries=args.queries, formats=formats,
+                      device=args.device)
+    print(md)
+    return 0
+
+
+def cmd_scan_report(args) -> int:
+    from workbench.report.scan_report import write_scan_report
+
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    bad = sorted(set(formats) - {"png", "svg", "html"})
+    if bad:
+        raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
+    md = write_scan_report(args.scan, args.out, plan=args.plan, formats=formats,
+                           recipe=args.recipe, step=args.step)
+    print(md)
+    return 0
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:
@@ -123,14 +161,34 @@ def register(sub) -> None:
     p.add_argument("--md", default=None, help="write the markdown table here")
     p.set_defaults(func=_table_entry)
 
-    p = sub.add_parser("recipes", help="list the named recipe presets (or --show one as JSON)")
-    p.add_argument("--show", default=None, help="print one recipe spec as JSON")
-    p.set_defaults(func=cmd_recipes)
-
     p = sub.add_parser("demo", help="run the main job on the embedded default into reports/demo")
     p.add_argument("--out", default="reports/demo", help="output folder (default reports/demo)")
     p.add_argument("--quick", action="store_true", help="smaller synthetic input (for tests)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("report", help="export PR figures (png/svg/html) and markdown tables")
+    p.add_argument("store", help="capture store (zarr directory)")
+    p.add_argument("--a", default="fp8_sol_unsmoothed", help="recipe A (baseline)")
+    p.add_argument("--b", default="fp8_sol_kv_corrected", help="recipe B (candidate)")
+    p.add_argument("--out", required=True, help="output folder (report.md, figures/)")
+    p.add_argument("--step", type=int, default=None, help="entry step (default: the last)")
+    p.add_argument("--layer", type=int, default=None, help="entry layer (default: the last)")
+    p.add_argument("--heads", default=None, help="query heads, e.g. 0-3 (default: first 4)")
+    p.add_argument("--queries", type=positive_int, default=64, help="evenly spaced query rows")
+    p.add_argument("--formats", default="png,svg,html", help="comma list of png, svg, html")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("scan-report", help="a scan's figures (png/svg/html) and markdown")
+    p.add_argument("scan", help="scan store")
+    p.add_argument("--out", required=True, help="output folder (report.md, figures/)")
+    p.add_argument("--plan", default=None, help="plan JSON to draw as a grid")
+    p.add_argument("--recipe", default=None,
+                   help="recipe for the error / benefit heatmaps (default: the last one)")
+    p.add_argument("--step", type=int, default=None,
+                   help="step of the layer x head heatmaps (default: the last)")
+    p.add_argument("--formats", default="png,svg,html", help="comma list of png, svg, html")
+    p.set_defaults(func=cmd_scan_report)
 
 
 def _table_entry(args) -> int:
