@@ -90,6 +90,17 @@ def load_sol_attn():
     return sol_attn, ""
 
 
+def sol_attn_backend() -> str:
+    """Which of NVIDIA's implementations ``sol_attn`` runs here: "cute_sm90" (the CuTe DSL kernel,
+    when its runtime imports) or "triton" (its Triton reference), or "?" when unknown."""
+    try:
+        from sol_attn import get_sol_attn_backend
+
+        return str(get_sol_attn_backend())
+    except Exception:  # noqa: BLE001 - the label only; the timing itself says if it fails
+        return "?"
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -266,8 +277,10 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         report["peer"] = why
         log(f"  NVIDIA sol_attn: skipped ({why})")
     else:
+        backend = sol_attn_backend()
+        report["peer_backend"] = backend
         for sol, dens, _, _ in plan:
-            record(f"NVIDIA sol_attn {cfg.threshold} BF16", lambda sol=sol: sol_attn(
+            record(f"NVIDIA sol_attn [{backend}] {cfg.threshold} BF16", lambda sol=sol: sol_attn(
                 q, k, v, tau=sol.sol_tau, thresh_type=cfg.threshold, sink_start=0,
                 sink_tokens=prefix, kv_splits=1), route="sol", density=dens, tau=sol.sol_tau,
                 note="density: ours at the same tau")
