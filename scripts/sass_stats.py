@@ -8,7 +8,8 @@ num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``). ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
-``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (its register cap),
+``summary_precision``, ``summary_chunk``, ``summary_pass``, ``schedule`` and ``sparse_maxnreg``
+(the exact-tile launch's register cap),
 and ``"summary": false`` for VSA (no summary route); its pointer arguments carry the 16-byte
 divisibility of the real launch. Used to check a kernel change (spills, MUFU / FP32 op counts,
 the main loop's instruction count) before spending GPU time on it.
@@ -38,7 +39,7 @@ OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F
 
 
 SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk", "schedule",
-               "sparse_maxnreg")
+               "sparse_maxnreg", "summary_pass")
 
 
 def compile_sm90(overrides: dict):
@@ -68,6 +69,10 @@ def compile_sm90(overrides: dict):
     types += ["*i32" if sparse else "constexpr"] * 2 + ["*i32" if work_list else "constexpr"]
     types += ["*fp32" if sparse and summary else "constexpr"] * 3 + ["constexpr"] * 2
     types += ["i32"] * 3  # N_QB, N_KB, N_BH
+    # Sol with the separate summary pass: this is the exact-tile launch, which starts from the
+    # summary pass's state (SUM_O, SUM_ML); the fused form runs the summary route itself
+    init_summary = sparse and summary and scfg.summary_pass == "separate"
+    types += ["*fp32" if init_summary else "constexpr"] * 2  # SUM_O, SUM_ML
     names = KERNEL.arg_names
     sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
     pv_fma = cfg.flush == "fma"
@@ -77,8 +82,9 @@ def compile_sm90(overrides: dict):
                USE_TMA=tma, PV_FMA=pv_fma,
                PERM_P=bool(extra.get("perm_p", DEFAULT.quant.v_perm)),
                P_LOG2_SCALE=P_LOG2_SCALES[extra.get("p_scaling", "unit")], INTERPRET=False,
-               SPARSE=sparse, SUMMARY=sparse and summary, WORK_LIST=work_list, KV_SPLITS=1,
-               SUM_CHUNK=scfg.summary_chunk, SUM_PREC=scfg.summary_precision)
+               SPARSE=sparse, SUMMARY=sparse and summary and not init_summary,
+               WORK_LIST=work_list, KV_SPLITS=1, SUM_CHUNK=scfg.summary_chunk,
+               SUM_PREC=scfg.summary_precision, SUMMARY_ONLY=False, INIT_SUMMARY=init_summary)
     cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
     attrs = {}
     if sparse:  # the real launch's 16-byte alignment of every pointer (loads vectorize)

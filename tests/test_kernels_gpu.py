@@ -184,9 +184,15 @@ def test_attention_config_variants_within_tolerance(attention):
                                config=DEFAULT.with_attention(**attention))
     assert out.isfinite().all()
     assert rel_l2(out[:, idx], ref) <= 1.25 * rel_l2(emu.out, ref)
-    # and the variant moves the output by far less than the recipe's own error
     base = fp8_recipe_attention(q, k, v, "fp8_dense_kv_corrected")
-    assert rel_l2(out[:, idx], base[:, idx].double()) < 0.2 * rel_l2(emu.out, ref)
+    if attention.get("max_imprecise") == 0:
+        # the FP32-every-step reference: the production per-tile flush is as accurate (within
+        # 10%); the two differ by ~a quarter of the recipe's error (H200, 2026-11-30: 4.6e-4
+        # against 1.8e-3), so the check below does not apply to this one
+        assert rel_l2(base[:, idx], ref) <= 1.10 * rel_l2(out[:, idx], ref)
+    else:
+        # a tiling variant moves the output by far less than the recipe's own error
+        assert rel_l2(out[:, idx], base[:, idx].double()) < 0.2 * rel_l2(emu.out, ref)
     if attention == {"use_tma": False}:  # pointer loads feed the same operands: the same bits
         assert torch.equal(out, base)
 

@@ -313,13 +313,45 @@ def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
                PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
                P_LOG2_SCALE: tl.constexpr, SUMMARY: tl.constexpr, KV_SPLITS: tl.constexpr,
-               SUM_CHUNK: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
+               SUM_CHUNK: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr,
+               SUMMARY_ONLY: tl.constexpr = False):
     """The sparse main loop of one query block (list row ``row``), part ``sid`` of KV_SPLITS:
-    Sol's summary route first (part 0), then the exact key blocks of the list two by two (one
-    by one with 64-key tiles) without masks, then the last part's masked tile: an odd last entry
-    and / or the partial last key block of the sequence."""
+    the exact key blocks of the list two by two (one by one with 64-key tiles) without masks,
+    then the last part's masked tile (an odd last entry and / or the partial last key block of
+    the sequence), then Sol's summary route in the last part (SUMMARY). SUMMARY_ONLY: the
+    summary route alone (the separate summary pass)."""
     cnt = tl.load(COUNTS + row)
     lst = BLOCKS + row * N_KB
+    if not SUMMARY_ONLY:
+        acc, l_i, m_i = _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n,
+                                    d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
+                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, KV_SPLITS, INTERPRET)
+    if SUMMARY:
+        n_sum = N_KB - cnt
+        if sid == KV_SPLITS - 1:
+            qsum = _summary_operand(q, SUM_PREC, INTERPRET)
+            if INTERPRET:
+                c0 = 0
+                while c0 < n_sum:
+                    acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
+                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
+                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
+                    c0 += SUM_CHUNK
+            else:
+                for c0 in tl.range(0, n_sum, SUM_CHUNK):
+                    acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
+                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
+                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
+                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
+                PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
+                P_LOG2_SCALE: tl.constexpr, KV_SPLITS: tl.constexpr, INTERPRET: tl.constexpr):
+    """The exact key blocks of one list (``cnt`` entries at ``lst``), part ``sid``."""
     BPT: tl.constexpr = BLOCK_N // SCALE_BLOCK  # key blocks per tile
     last = tl.load(lst + cnt - 1)  # lists ascend: the partial last block comes last
     partial = ((last + 1) * SCALE_BLOCK > S).to(tl.int32)
@@ -345,22 +377,6 @@ def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
                                        S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True,
                                        ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
                                        P_LOG2_SCALE)
-    if SUMMARY:
-        n_sum = N_KB - cnt
-        if sid == KV_SPLITS - 1:
-            qsum = _summary_operand(q, SUM_PREC, INTERPRET)
-            if INTERPRET:
-                c0 = 0
-                while c0 < n_sum:
-                    acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
-                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
-                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
-                    c0 += SUM_CHUNK
-            else:
-                for c0 in tl.range(0, n_sum, SUM_CHUNK):
-                    acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
-                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
-                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
     return acc, l_i, m_i
 
 
@@ -370,7 +386,7 @@ def _fp8_attn_fwd_kernel(
     qd, kd, vd,
     S, S_pad, H, GROUP, row_start, qk_scale_log2,
     stride_ob, stride_os, stride_oh,
-    BLOCKS, COUNTS, ORDER, KC, VCS, LENS, PART_O, PART_ML, N_QB, N_KB, N_BH,
+    BLOCKS, COUNTS, ORDER, KC, VCS, LENS, PART_O, PART_ML, N_QB, N_KB, N_BH, SUM_O, SUM_ML,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
     IMP_PV: tl.constexpr, WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
@@ -378,6 +394,7 @@ def _fp8_attn_fwd_kernel(
     INTERPRET: tl.constexpr, SPARSE: tl.constexpr = False, SUMMARY: tl.constexpr = False,
     WORK_LIST: tl.constexpr = False, KV_SPLITS: tl.constexpr = 1,
     SUM_CHUNK: tl.constexpr = 64, SUM_PREC: tl.constexpr = "tf32",
+    SUMMARY_ONLY: tl.constexpr = False, INIT_SUMMARY: tl.constexpr = False,
 ):
     """Dense: grid (S / BLOCK_M, B * H), every key tile. SPARSE (BLOCK_M = the 64-row routing
     block): the key blocks of the query block's list (``_list_rows``); grid (n_qblocks, B * H,
@@ -410,6 +427,7 @@ def _fp8_attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
     tiles = (K8, V8T, kd, vd, SK, bhk * S_pad, bhk * HEAD_D, bhk * n_scale)
+    srow = (bh * S_pad + offs_m).to(tl.int64)  # rows of the summary pass's state
 
     if SPARSE:
         sid = tl.program_id(2)
@@ -417,7 +435,20 @@ def _fp8_attn_fwd_kernel(
                                    S_pad, offs_n, d, BLOCKS, COUNTS, KC, VCS, LENS, bhk * N_KB,
                                    N_KB, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, SUMMARY, KV_SPLITS,
-                                   SUM_CHUNK, SUM_PREC, INTERPRET)
+                                   SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY)
+        if INIT_SUMMARY:
+            if sid == 0:
+                # merge the summary pass's state after the exact tiles (loading it before the
+                # loop kept it live there: spills in the loop); row maxes in log2 units
+                mq = m_i * qs
+                ms = tl.load(SUM_ML + srow)
+                mm = tl.maximum(mq, ms)
+                a_x = tl.math.exp2(mq - mm)
+                a_s = tl.math.exp2(ms - mm)
+                acc = acc * a_x[:, None] + tl.load(SUM_O + srow[:, None] * HEAD_D + d[None, :]) \
+                    * a_s[:, None]
+                l_i = l_i * a_x + tl.load(SUM_ML + N_BH * S_pad + srow) * a_s
+                m_i = mm / qs  # back in K units (qs > 0)
     else:
         n_full = S // BLOCK_N
         # Main loop over full key tiles: no masks (pad keys exist only in the peeled tile). The
@@ -444,7 +475,11 @@ def _fp8_attn_fwd_kernel(
                                       offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True, ROUND_P,
                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
 
-    if KV_SPLITS > 1:  # this part's unnormalized state, for the combine pass
+    if SUMMARY_ONLY:  # the summary route's unnormalized state, for the exact-tile pass
+        tl.store(SUM_O + srow[:, None] * HEAD_D + d[None, :], acc)
+        tl.store(SUM_ML + srow, m_i * qs)
+        tl.store(SUM_ML + N_BH * S_pad + srow, l_i)
+    elif KV_SPLITS > 1:  # this part's unnormalized state, for the combine pass
         prow = ((tl.program_id(2) * N_BH + bh) * S_pad + offs_m).to(tl.int64)
         tl.store(PART_O + prow[:, None] * HEAD_D + d[None, :], acc)
         tl.store(PART_ML + prow, m_i * qs)
@@ -538,25 +573,35 @@ def fp8_attention_fwd(
         kd = TensorDescriptor.from_tensor(qkv.k8.view(B * Hkv * S_pad, D), [box_n, D])
         vd = TensorDescriptor.from_tensor(qkv.v8t.view(B * Hkv * D, S_pad), [D, box_n])
     cap = c.maxnreg if routing is None else sparse.maxnreg
-    extra = {"maxnreg": cap} if cap else {}
     pv_fma = c.flush == "fma"
     grid = (triton.cdiv(S, c.block_m), B * H)
     sp = _SparseLaunch.build(qkv, routing, sparse, c, grid) if routing is not None else None
-    _fp8_attn_fwd_kernel[sp.grid if sp else grid](
-        qkv.q8, qkv.q_scale, qkv.k8, qkv.k_scale, qkv.v8t, qkv.v_scale, qkv.v_corr, out,
-        lse if lse is not None else out,
-        qd, kd, vd,
-        S, S_pad, H, H // Hkv, row_start, scale * LOG2E,
-        out.stride(0), out.stride(1), out.stride(2),
-        *(sp.args if sp else (None,) * 8 + (0, 0)), B * H,
-        HEAD_D=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n, SCALE_BLOCK=64,
-        ROUND_P=interp,  # the interpreter's fp8 cast mis-rounds: explicit rounding there
-        IMP_QK=-1 if pv_fma else min(c.max_imprecise, D),
-        IMP_PV=min(c.max_imprecise, c.block_n), WRITE_LSE=return_lse, OUT_F32=out_f32,
-        USE_TMA=use_tma, PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),
-        P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], INTERPRET=interp,
-        num_warps=c.num_warps, num_stages=num_stages, **(sp.constexprs if sp else {}), **extra,
-    )
+
+    def launch(launch_grid, args, constexprs, maxnreg):
+        extra = {"maxnreg": maxnreg} if maxnreg else {}
+        _fp8_attn_fwd_kernel[launch_grid](
+            qkv.q8, qkv.q_scale, qkv.k8, qkv.k_scale, qkv.v8t, qkv.v_scale, qkv.v_corr, out,
+            lse if lse is not None else out,
+            qd, kd, vd,
+            S, S_pad, H, H // Hkv, row_start, scale * LOG2E,
+            out.stride(0), out.stride(1), out.stride(2),
+            *args,
+            HEAD_D=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n, SCALE_BLOCK=64,
+            ROUND_P=interp,  # the interpreter's fp8 cast mis-rounds: explicit rounding there
+            IMP_QK=-1 if pv_fma else min(c.max_imprecise, D),
+            IMP_PV=min(c.max_imprecise, c.block_n), WRITE_LSE=return_lse, OUT_F32=out_f32,
+            USE_TMA=use_tma, PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),
+            P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], INTERPRET=interp,
+            num_warps=c.num_warps, num_stages=num_stages, **constexprs, **extra,
+        )
+
+    if sp is None:
+        launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
+    else:
+        if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
+            sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
+            launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
+        launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
     if sp and sp.splits > 1:
         _combine_kernel[grid](
             sp.part_o, sp.part_ml, qkv.v_scale, qkv.v_corr, out,
@@ -580,6 +625,11 @@ class _SparseLaunch:
     splits: int
     part_o: torch.Tensor | None
     part_ml: torch.Tensor | None
+    # the separate summary pass (SparseConfig.summary_pass = "separate"): its flags and the
+    # state it hands to the exact-tile pass, acc [B*H, S_pad, D] and (m * qs, l) [2, B*H, S_pad]
+    summary_constexprs: dict | None = None
+    sum_o: torch.Tensor | None = None
+    sum_ml: torch.Tensor | None = None
 
     @classmethod
     def build(cls, qkv, routing, sparse: SparseConfig, c: AttentionConfig, grid):
@@ -598,12 +648,20 @@ class _SparseLaunch:
         splits = sparse.splits_for(B * H * nq, n_sms)
         cst = dict(SPARSE=True)
         kc = vcs = lens = order = part_o = part_ml = None
+        sum_cst = sum_o = sum_ml = None
         if routing.kc is not None:  # Sol's summary route
             kc = routing.kc.contiguous()
             vcs = (routing.vc / qkv.v_scale[:, :, None, :]).contiguous()  # s_v: the epilogue's
             lens = routing.lens.to(torch.float32).contiguous()
-            cst.update(SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
-                       SUM_PREC=sparse.summary_precision)
+            summary = dict(SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
+                           SUM_PREC=sparse.summary_precision)
+            if sparse.summary_pass == "separate":
+                sum_cst = dict(SPARSE=True, **summary)
+                sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=dev)
+                sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=dev)
+                cst["INIT_SUMMARY"] = True
+            else:
+                cst.update(summary)
         if sparse.schedule == "heavy_first":
             # list rows bh * nq + i, the longest exact list first (stable: ties in grid order)
             order = torch.argsort(routing.counts.reshape(-1), descending=True, stable=True)
@@ -618,7 +676,7 @@ class _SparseLaunch:
             part_ml = torch.empty((2, splits, B * H, S_pad), dtype=torch.float32, device=dev)
         args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, kc, vcs, lens,
                 part_o, part_ml, nq, nk)
-        return cls(launch, args, cst, splits, part_o, part_ml)
+        return cls(launch, args, cst, splits, part_o, part_ml, sum_cst, sum_o, sum_ml)
 
 
 def default_scale(d: int) -> float:

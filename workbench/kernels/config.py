@@ -106,6 +106,7 @@ class StatsConfig:
 
 SCHEDULES = ("rows", "heavy_first")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
+SUMMARY_PASSES = ("separate", "fused")
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,15 @@ class SparseConfig:
     summary_precision: the operands of the summary route's two products q . kc and w @ vc, both
     accumulated in FP32: "bf16" (tensor cores, 8-bit mantissas; Q's E4M3 codes are exact), "tf32"
     (tensor cores, 10-bit mantissas) or "ieee" (FP32 FMAs, the twin's arithmetic).
+    summary_pass: "separate" = Sol's summary route runs as its own launch that hands its softmax
+    state (acc, m, l) to the exact-tile launch, which then keeps the dense loop's register
+    budget; "fused" = after the exact tiles in the same program (its operands next to the
+    accumulator need more than 168 registers: with the cap, ptxas spills and serializes every
+    wgmma; without it, two programs per SM instead of three).
     tma: the exact tiles' K and V as one TMA box per 64-key block (True) or gathered pointer
     loads (False).
-    maxnreg: the register cap of sparse launches (None: none). With the dense cap of 168 the
-    summary route's operands next to the accumulator spill and ptxas serializes every wgmma of
-    the kernel.
+    maxnreg: the register cap of the exact-tile launch (None: none); the separate summary pass
+    runs uncapped.
     Offline sm_90 compiles (scripts/sass_stats.py, 2026-11-30), SASS instructions of the main
     loop per 128 exact keys: dense 512 (168 registers); sparse, no cap: 587 (255 registers, no
     spills; the two 64-key TMA boxes are joined through shared memory), 64-key tiles 2 x 352
@@ -143,8 +148,9 @@ class SparseConfig:
     programs_per_sm: int = 3  # AttentionConfig.maxnreg = 168: three 64-row programs per SM
     summary_chunk: int = 64
     summary_precision: str = "bf16"
+    summary_pass: str = "separate"
     tma: bool = True
-    maxnreg: int | None = None
+    maxnreg: int | None = 168
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -152,6 +158,9 @@ class SparseConfig:
                              f"{SCHEDULES}")
         if self.kv_splits not in (None, 1, 2, 4):
             raise ValueError(f"SparseConfig.kv_splits: {self.kv_splits}; choose 1, 2, 4 or None")
+        if self.summary_pass not in SUMMARY_PASSES:
+            raise ValueError(f"SparseConfig.summary_pass: {self.summary_pass!r}; choose one of "
+                             f"{SUMMARY_PASSES}")
         if self.summary_precision not in SUMMARY_PRECISIONS:
             raise ValueError(f"SparseConfig.summary_precision: {self.summary_precision!r}; "
                              f"choose one of {SUMMARY_PRECISIONS}")
