@@ -212,7 +212,8 @@ def recipe_attention(
 ) -> AttentionResult:
     """Run `recipe` on q [B, S, H, D], k/v [B, S, Hkv, D] for the rows in `query_index`.
 
-    layout: segment layout (prefix rows = text + conditioning + audio); default all video.
+    layout: segment layout (its prefix rows: Sol's sink, the dense-prefix rows); default one
+    `tokens` segment without a prefix.
     step / layer: apply the recipe's dense policy (BF16 dense where it says so).
     scale: softmax scale, default 1/sqrt(D).
     """
@@ -224,7 +225,7 @@ def recipe_attention(
         B, S, H, Hkv, D = check_qkv(q, k, v)
     if k.shape[1] != S:
         raise ValueError(f"k: sequence length {k.shape[1]} does not match q's {S} (self-attention)")
-    layout = layout or SegmentLayout.all_video(S)
+    layout = layout or SegmentLayout.tokens(S)
     if layout.total != S:
         raise ValueError(f"layout: segments sum to {layout.total} rows but the sequence has {S}")
     idx = check_query_index(query_index, S, device=q.device)

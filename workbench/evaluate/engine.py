@@ -27,7 +27,10 @@ from workbench.metrics import (
     benefit_pct,
     bootstrap_benefit,
     boundary_metrics,
+    channel_groups,
+    drift_summary,
     error_along_tokens,
+    error_by_segment,
     token_mean_drift,
 )
 from workbench.recipes import AttentionRecipe, get_recipe
@@ -45,9 +48,12 @@ class RecipeEval:
     overall: dict  # {boundary: {metric: value}}
     heads: dict  # {boundary: {metric: [value per selected head]}}
     along: dict  # workbench.metrics.error_along_tokens(...)
+    segments: dict  # workbench.metrics.error_by_segment(along): {segment: {"rows", "mse"}}
     drift_k: np.ndarray  # [D] |mean_t(K_dq) - mean_t(K)| averaged over batch and heads
     drift_v: np.ndarray  # [D]
-    drift_summary: dict  # {"k_rot", "k_pass", "v_rot", "v_pass"}
+    # {"k_rot", "k_pass", "v_rot", "v_pass"}: mean drift per channel group (metrics.channel_groups:
+    # an empty group has no key; "k_all", "v_all" when the RoPE split is unknown)
+    drift_summary: dict
     exact_fraction: float
     block_map: np.ndarray | None  # [nq, nk] fraction of selected heads routing the pair exactly
     block: int
@@ -63,11 +69,16 @@ class Comparison:
     query_rows: list[int]
     heads: list[int]
     layout: SegmentLayout
-    rotated: int
+    rotated: int | None  # RoPE channels per head (None: not known)
     seq_len: int
     seconds: float
     ref_seconds: float
+    head_dim: int = 128
     extras: dict = field(default_factory=dict)
+
+    def channel_groups(self) -> list[tuple[str, str, int, int]]:
+        """[(key, label, start, stop)] of the non-empty channel groups (rotated, pass-through)."""
+        return channel_groups(self.rotated, self.head_dim)
 
     def benefit(self, a: str, b: str, boundary: str = "attention_output",
                 metric: str = "mse") -> float:
@@ -128,7 +139,7 @@ def evaluate(
     n_queries: int = 64,
     query_index=None,
     heads: list[int] | None = None,
-    rotated: int = 96,
+    rotated: int | None = None,
     step: int | None = None,
     layer: int | None = None,
     progress=None,
@@ -137,14 +148,17 @@ def evaluate(
     """Run every recipe on the same rows of q [B, S, H, D], k/v [B, S, Hkv, D].
 
     recipes: {label: recipe spec}; labels key the result (e.g. "A"/"B" or the recipe strings).
-    heads: labels of q's heads (default 0..H-1). step/layer apply the recipes' dense policy only
-    when given. progress(i, n, message) is called before each stage (reference, then recipes).
+    heads: labels of q's heads (default 0..H-1). rotated: RoPE channels per head, 0..D (None:
+    not known; drift is then reported over all channels). step/layer apply the recipes' dense
+    policy only when given. progress(i, n, message) is called before each stage (reference,
+    then recipes).
     cache: a dict the caller keeps; a recipe already evaluated on the same tensors, rows and
     (step, layer) is taken from it (the explorer: changing B does not recompute A).
     """
     t0 = time.perf_counter()
     S = q.shape[1]
-    layout = layout or SegmentLayout.all_video(S)
+    layout = layout or SegmentLayout.tokens(S)
+    channel_groups(rotated, q.shape[-1])  # a count the head dim cannot hold: say so before work
     if query_index is None:
         if n_queries < 1:
             raise ValueError(f"n_queries: need at least one query row, got {n_queries}")
@@ -176,7 +190,7 @@ def evaluate(
         progress(n, n, "done")
     return Comparison(evals=evals, query_rows=[int(i) for i in idx.cpu().tolist()],
                       heads=list(heads) if heads is not None else list(range(q.shape[2])),
-                      layout=layout, rotated=rotated, seq_len=S,
+                      layout=layout, rotated=rotated, seq_len=S, head_dim=q.shape[-1],
                       seconds=time.perf_counter() - t0, ref_seconds=ref_s)
 
 
@@ -185,19 +199,20 @@ def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer) -> R
     res = recipe_attention(q, k, v, r, query_index=idx, layout=layout, step=step, layer=layer,
                            return_block_map=True)
     bm = boundary_metrics(res, q, k, v, ref)
-    dk = token_mean_drift(res.k_dq, k, rotated)
-    dv = token_mean_drift(res.v_dq, v, rotated)
+    dk = token_mean_drift(res.k_dq, k, rotated or 0)["per_channel"]
+    dv = token_mean_drift(res.v_dq, v, rotated or 0)["per_channel"]
     block_map = None
     if res.block_map is not None:
         block_map = res.block_map.float().mean(dim=(0, 1)).cpu().numpy()
     block = res.recipe.sol_block if res.recipe.sparsity == "sol" else res.recipe.vsa_tile
+    along = error_along_tokens(res, ref, layout)
     return RecipeEval(
         name=name, recipe=res.recipe, overall=bm.overall, heads=bm.heads,
-        along=error_along_tokens(res, ref, layout),
-        drift_k=dk["per_channel"].mean(dim=(0, 1)).cpu().numpy(),
-        drift_v=dv["per_channel"].mean(dim=(0, 1)).cpu().numpy(),
-        drift_summary={"k_rot": dk["rotated"], "k_pass": dk["passthrough"],
-                       "v_rot": dv["rotated"], "v_pass": dv["passthrough"]},
+        along=along, segments=error_by_segment(along),
+        drift_k=dk.mean(dim=(0, 1)).cpu().numpy(),
+        drift_v=dv.mean(dim=(0, 1)).cpu().numpy(),
+        drift_summary={**{f"k_{g}": x for g, x in drift_summary(dk, rotated).items()},
+                       **{f"v_{g}": x for g, x in drift_summary(dv, rotated).items()}},
         exact_fraction=res.exact_fraction, block_map=block_map, block=block,
         row_sq_err=bm.row_sq_err.cpu(), seconds=time.perf_counter() - t1,
     )

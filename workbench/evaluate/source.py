@@ -50,10 +50,14 @@ class ReplaySource:
     """Entries of a capture store (or one in-memory q/k/v) as float32 tensors, cached.
 
     q [B, S, H, D], k/v [B, S, Hkv, D]. ``heads`` are the captured query head ids.
+    rotated: RoPE channels per head (0..D) when the store does not record them (a store's own
+    ``rotated_channels`` wins); unknown everywhere: 0, and ``describe`` says it was assumed.
+    layout: in-memory tensors only; default one ``tokens`` segment.
     """
 
     def __init__(self, store: str | Path | None = None, *, tensors=None,
-                 layout: SegmentLayout | None = None, rotated: int = 96, name: str = "tensors",
+                 layout: SegmentLayout | None = None, rotated: int | None = None,
+                 name: str = "tensors",
                  device: str | None = None, cache_size: int = 16):
         self.device = device or default_device()
         self._cache: dict = {}
@@ -64,8 +68,9 @@ class ReplaySource:
             self.name = name
             self.steps, self.layers = [0], [0]
             self.heads = list(range(q.shape[2]))
-            self.layout = layout or SegmentLayout.all_video(q.shape[1])
-            self.rotated = rotated
+            self.layout = layout or SegmentLayout.tokens(q.shape[1])
+            self.rotated_known = rotated is not None
+            self.rotated = rotated if rotated is not None else 0
             self._cache[(0, 0)] = tuple(t.float().to(self.device) for t in (q, k, v))
             self.cap = None
             return
@@ -82,12 +87,17 @@ class ReplaySource:
         meta = self.cap.root[e.path].attrs
         self.heads = [int(h) for h in meta["q_heads"]]
         self.layout = self.cap.layout
-        self.rotated = int(self.cap.rotated_channels or rotated)
+        # 0 is a real count (a model without RoPE): only None means the store does not know.
+        stored = self.cap.rotated_channels
+        self.rotated_known = stored is not None or rotated is not None
+        self.rotated = int(stored if stored is not None else rotated if rotated is not None
+                           else 0)
 
     def describe(self) -> str:
-        seq = self.layout.total
+        rot = (f"rotated channels {self.rotated}" if self.rotated_known
+               else "rotated channels unknown (0 assumed)")
         return (f"{self.name}: steps {self.steps}, layers {self.layers}, heads {self.heads}, "
-                f"{seq:,} rows {self.layout.to_dict()}, rotated channels {self.rotated}")
+                f"{self.layout.total:,} rows ({self.layout.describe()}), {rot}")
 
     def qkv(self, step, layer, heads=None):
         """(q, k, v) float32 on the source's device; heads = captured query head ids (None: all)."""
