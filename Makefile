@@ -28,7 +28,10 @@ $(DEV_STAMP): $(STAMP)
 install: $(STAMP)
 install-dev: $(DEV_STAMP)
 
+# PNG/SVG figures need Debian's chromium (kaleido drives it): installed as for `make test` when
+# run as root; otherwise the demo says so and writes the report's figures as HTML only.
 demo: $(STAMP)
+	bash scripts/ensure_chromium.sh
 	$(BIN)/workbench demo --out reports/demo
 
 test: $(DEV_STAMP)
