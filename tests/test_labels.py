@@ -151,7 +151,7 @@ def test_evaluate_defaults_to_tokens_segment_and_unknown_rotation():
     assert set(c.evals["A"].drift_summary) == {"k_all", "v_all"}
     assert set(c.evals["A"].segments) == {"tokens"}
     src = ReplaySource(tensors=(q, k, v))
-    assert "tokens 256" in src.describe() and "unknown" in src.describe()
+    assert "tokens 256" in src.describe() and "rotated channels unknown" in src.describe()
     assert "video" not in src.describe()
 
 

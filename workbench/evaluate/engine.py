@@ -74,6 +74,8 @@ class Comparison:
     seconds: float
     ref_seconds: float
     head_dim: int = 128
+    causal: bool = False  # rows attended to keys 0..row only (decoder self-attention)
+    scale: float | None = None  # softmax scale (None: 1/sqrt(D))
     extras: dict = field(default_factory=dict)
 
     def channel_groups(self) -> list[tuple[str, str, int, int]]:
@@ -117,12 +119,13 @@ class _ReferenceCache:
         self.size = size
         self._store: dict = {}
 
-    def get(self, q, k, v, idx) -> torch.Tensor:
-        key = (id(q), id(k), id(v), tuple(idx.tolist()), tuple(q.shape))
+    def get(self, q, k, v, idx, causal=False, scale=None) -> torch.Tensor:
+        key = (id(q), id(k), id(v), tuple(idx.tolist()), tuple(q.shape), causal, scale)
         if key not in self._store:
             if len(self._store) >= self.size:
                 self._store.pop(next(iter(self._store)))
-            self._store[key] = (dense_attention_f64(q, k, v, query_index=idx)[0], (q, k, v))
+            ref = dense_attention_f64(q, k, v, query_index=idx, causal=causal, scale=scale)[0]
+            self._store[key] = (ref, (q, k, v))
         return self._store[key][0]
 
 
@@ -144,9 +147,13 @@ def evaluate(
     layer: int | None = None,
     progress=None,
     cache: dict | None = None,
+    causal: bool = False,
+    scale: float | None = None,
 ) -> Comparison:
     """Run every recipe on the same rows of q [B, S, H, D], k/v [B, S, Hkv, D].
 
+    causal: each row attends to keys 0..row only, in the recipes and in the reference (decoder
+    models; dense recipes only). scale: the model's softmax scale (None: 1/sqrt(D)).
     recipes: {label: recipe spec}; labels key the result (e.g. "A"/"B" or the recipe strings).
     heads: labels of q's heads (default 0..H-1). rotated: RoPE channels per head, 0..D (None:
     not known; drift is then reported over all channels). step/layer apply the recipes' dense
@@ -169,18 +176,20 @@ def evaluate(
     n = len(recipes) + 1
     if progress:
         progress(0, n, "float64 dense reference")
-    ref = _REFERENCES.get(q, k, v, idx)
+    ref = _REFERENCES.get(q, k, v, idx, causal, scale)
     ref_s = time.perf_counter() - t0
     evals = {}
     for i, (name, r) in enumerate(recipes.items(), start=1):
         if progress:
             progress(i, n, f"recipe {name}")
         r = get_recipe(r)
-        key = (id(q), id(k), id(v), r.to_json(), tuple(idx.tolist()), step, layer, rotated)
+        key = (id(q), id(k), id(v), r.to_json(), tuple(idx.tolist()), step, layer, rotated,
+               causal, scale)
         if cache is not None and key in cache:
             evals[name] = dataclasses.replace(cache[key][0], name=name)
             continue
-        evals[name] = _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer)
+        evals[name] = _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer,
+                                    causal, scale)
         if cache is not None:
             if len(cache) > 256:
                 cache.clear()
@@ -191,13 +200,15 @@ def evaluate(
     return Comparison(evals=evals, query_rows=[int(i) for i in idx.cpu().tolist()],
                       heads=list(heads) if heads is not None else list(range(q.shape[2])),
                       layout=layout, rotated=rotated, seq_len=S, head_dim=q.shape[-1],
-                      seconds=time.perf_counter() - t0, ref_seconds=ref_s)
+                      causal=causal, scale=scale, seconds=time.perf_counter() - t0,
+                      ref_seconds=ref_s)
 
 
-def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer) -> RecipeEval:
+def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer, causal,
+                  scale) -> RecipeEval:
     t1 = time.perf_counter()
     res = recipe_attention(q, k, v, r, query_index=idx, layout=layout, step=step, layer=layer,
-                           return_block_map=True)
+                           return_block_map=True, causal=causal, scale=scale)
     bm = boundary_metrics(res, q, k, v, ref)
     dk = token_mean_drift(res.k_dq, k, rotated or 0)["per_channel"]
     dv = token_mean_drift(res.v_dq, v, rotated or 0)["per_channel"]
@@ -228,7 +239,8 @@ def evaluate_entry(source, step, layer, recipes: dict[str, AttentionRecipe | str
     q, k, v = source.qkv(step, layer, heads)
     return evaluate(q, k, v, recipes, layout=source.layout, n_queries=n_queries, heads=heads,
                     rotated=source.rotated, step=step if dense_policy else None,
-                    layer=layer if dense_policy else None, progress=progress, cache=cache)
+                    layer=layer if dense_policy else None, progress=progress, cache=cache,
+                    causal=getattr(source, "causal", False), scale=getattr(source, "scale", None))
 
 
 def layer_head_grid(

@@ -53,12 +53,14 @@ class ReplaySource:
     rotated: RoPE channels per head (0..D) when the store does not record them (a store's own
     ``rotated_channels`` wins); unknown everywhere: 0, and ``describe`` says it was assumed.
     layout: in-memory tensors only; default one ``tokens`` segment.
+    causal / scale: how the model attends (a store records ``causal`` and ``softmax_scale`` when
+    known); causal replays mask keys after each row, in the recipes and in the reference.
     """
 
     def __init__(self, store: str | Path | None = None, *, tensors=None,
                  layout: SegmentLayout | None = None, rotated: int | None = None,
-                 name: str = "tensors",
-                 device: str | None = None, cache_size: int = 16):
+                 name: str = "tensors", causal: bool | None = None,
+                 scale: float | None = None, device: str | None = None, cache_size: int = 16):
         self.device = device or default_device()
         self._cache: dict = {}
         self._cache_size = cache_size
@@ -69,8 +71,8 @@ class ReplaySource:
             self.steps, self.layers = [0], [0]
             self.heads = list(range(q.shape[2]))
             self.layout = layout or SegmentLayout.tokens(q.shape[1])
-            self.rotated_known = rotated is not None
-            self.rotated = rotated if rotated is not None else 0
+            self.rotated = rotated
+            self.causal, self.scale = bool(causal), scale
             self._cache[(0, 0)] = tuple(t.float().to(self.device) for t in (q, k, v))
             self.cap = None
             return
@@ -89,15 +91,19 @@ class ReplaySource:
         self.layout = self.cap.layout
         # 0 is a real count (a model without RoPE): only None means the store does not know.
         stored = self.cap.rotated_channels
-        self.rotated_known = stored is not None or rotated is not None
-        self.rotated = int(stored if stored is not None else rotated if rotated is not None
-                           else 0)
+        self.rotated = stored if stored is not None else rotated
+        attrs = self.cap.attrs
+        self.causal = bool(attrs.get("causal", False)) if causal is None else bool(causal)
+        self.scale = attrs.get("softmax_scale") if scale is None else scale
 
     def describe(self) -> str:
-        rot = (f"rotated channels {self.rotated}" if self.rotated_known
-               else "rotated channels unknown (0 assumed)")
+        rot = (f"rotated channels {self.rotated}" if self.rotated is not None
+               else "rotated channels unknown")
+        mask = "causal" if self.causal else "non-causal"
+        scale = f", softmax scale {self.scale:g}" if self.scale is not None else ""
         return (f"{self.name}: steps {self.steps}, layers {self.layers}, heads {self.heads}, "
-                f"{self.layout.total:,} rows ({self.layout.describe()}), {rot}")
+                f"{self.layout.total:,} rows ({self.layout.describe()}), {rot}, {mask} "
+                f"replay{scale}")
 
     def qkv(self, step, layer, heads=None):
         """(q, k, v) float32 on the source's device; heads = captured query head ids (None: all)."""

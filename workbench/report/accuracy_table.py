@@ -46,6 +46,7 @@ class AccuracyTable:
     seconds: float = 0.0
     extras: dict = field(default_factory=dict)
     head_dim: int = 128
+    causal: bool = False
     # {segment: {"rows": sampled rows, "start", "stop", "a": mse, "b": mse}} in sequence order
     segments: dict = field(default_factory=dict)
 
@@ -70,6 +71,7 @@ class AccuracyTable:
             "token_mean_drift": self.drift,
             "output_mse_by_segment": self.segments,
             "head_dim": self.head_dim,
+            "causal": self.causal,
             "per_head": self.per_head,
             "seconds": self.seconds,
             **self.extras,
@@ -86,7 +88,9 @@ class AccuracyTable:
             "### Smooth Attention Kernel Accuracy",
             "",
             f"Input: {self.source}. Heads {heads}, {len(self.query_rows)} evenly spaced query "
-            f"positions, full K/V context ({self.seq_len:,} keys), float64 dense reference.",
+            f"positions, full K/V context ({self.seq_len:,} keys"
+            + ("; causal: each row attends to the keys up to itself" if self.causal else "")
+            + "), float64 dense reference.",
             "",
             f"- A = `{a.to_string()}`: {a.describe()}",
             f"- B = `{b.to_string()}`: {b.describe()}",
@@ -185,6 +189,7 @@ def table_from_comparison(c: Comparison, a: str, b: str, *, source: str = "",
         per_head={"a": ea.heads, "b": eb.heads},
         seconds=c.seconds,
         head_dim=c.head_dim,
+        causal=c.causal,
         segments=segments,
     )
 
@@ -205,18 +210,22 @@ def accuracy_table(
     source: str = "",
     step: int | None = None,
     layer: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
 ) -> AccuracyTable:
     """Build the table. q [B, S, H, D], k/v [B, S, Hkv, D]; `heads` selects query heads.
 
     step/layer are passed to the recipes (their dense policy applies) only when given.
     rotated: RoPE channels per head, 0..D (None: not known; drift over all channels).
+    causal / scale: the model's mask and softmax scale (``evaluate``).
     """
     t0 = time.perf_counter()
     a, b = get_recipe(recipe_a), get_recipe(recipe_b)
     q, k, v = select_heads(q, k, v, heads)
     labels = head_labels or (list(heads) if heads is not None else list(range(q.shape[2])))
     c = evaluate(q, k, v, {"a": a, "b": b}, layout=layout, n_queries=n_queries,
-                 query_index=query_index, heads=labels, rotated=rotated, step=step, layer=layer)
+                 query_index=query_index, heads=labels, rotated=rotated, step=step, layer=layer,
+                 causal=causal, scale=scale)
     table = table_from_comparison(c, "a", "b", source=source)
     table.seconds = time.perf_counter() - t0
     return table
