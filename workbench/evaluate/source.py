@@ -72,7 +72,7 @@ class ReplaySource:
             self.heads = list(range(q.shape[2]))
             self.layout = layout or SegmentLayout.tokens(q.shape[1])
             self.rotated = rotated
-            self.causal, self.scale = bool(causal), scale
+            self.causal, self.scale, self.mask_shape = bool(causal), scale, None
             self._cache[(0, 0)] = tuple(t.float().to(self.device) for t in (q, k, v))
             self.cap = None
             return
@@ -92,18 +92,24 @@ class ReplaySource:
         # 0 is a real count (a model without RoPE): only None means the store does not know.
         stored = self.cap.rotated_channels
         self.rotated = stored if stored is not None else rotated
-        attrs = self.cap.attrs
-        self.causal = bool(attrs.get("causal", False)) if causal is None else bool(causal)
-        self.scale = attrs.get("softmax_scale") if scale is None else scale
+        # How the model attended: the store's own word, else the SDPA arguments of the call
+        # (a transformers decoder passes is_causal=True and no mask).
+        attrs, sdpa = self.cap.attrs, dict(meta.get("sdpa_kwargs") or {})
+        self.causal = bool(attrs.get("causal", sdpa.get("is_causal", False))) \
+            if causal is None else bool(causal)
+        self.scale = attrs.get("softmax_scale", sdpa.get("scale")) if scale is None else scale
+        self.mask_shape = meta.get("attn_mask_shape")
 
     def describe(self) -> str:
         rot = (f"rotated channels {self.rotated}" if self.rotated is not None
                else "rotated channels unknown")
         mask = "causal" if self.causal else "non-causal"
         scale = f", softmax scale {self.scale:g}" if self.scale is not None else ""
+        note = (f"; the model's attention mask {self.mask_shape} is not replayed"
+                if self.mask_shape else "")
         return (f"{self.name}: steps {self.steps}, layers {self.layers}, heads {self.heads}, "
                 f"{self.layout.total:,} rows ({self.layout.describe()}), {rot}, {mask} "
-                f"replay{scale}")
+                f"replay{scale}{note}")
 
     def qkv(self, step, layer, heads=None):
         """(q, k, v) float32 on the source's device; heads = captured query head ids (None: all)."""
