@@ -1,7 +1,9 @@
-"""Segment layout of a packed attention sequence: named row ranges in sequence order.
+"""Segment layout of a packed attention sequence (named row ranges in sequence order), and the
+channel groups of a head (RoPE-rotated vs pass-through channels).
 
-A spec every stage shares (capture records it, the recipes' dense prefix and Sol's sink read it,
-figures shade it, tables split the error by it), so it sits below the stages.
+Specs every stage shares (capture records them and inspect prints them, the recipes' dense prefix
+and Sol's sink read the layout, figures shade it, tables split the error by both), so they sit
+below the stages.
 
 MiniMax-H3 packs ``[text | conditioning | audio | video]``; ``SegmentLayout(text=14, audio=356,
 video=32256)`` builds that. Any other model names its own segments
@@ -207,6 +209,39 @@ def _check_segment(seg) -> tuple[str, int]:
         raise LayoutError(f"layout: segment {name!r} needs a non-negative integer row count, "
                           f"got {rows!r}")
     return name, int(rows)
+
+
+def channel_span(start: int, stop: int) -> str:
+    """Channels start..stop-1 as a label: "96-127", "5" (one channel)."""
+    return f"{start}-{stop - 1}" if stop - start > 1 else f"{start}"
+
+
+def channel_groups(rotated: int | None, head_dim: int) -> list[tuple[str, str, int, int]]:
+    """[(key, label, start, stop)] of the non-empty channel groups of a head: the RoPE-rotated
+    channels 0..rotated-1 (key "rot") and the pass-through channels rotated..D-1 (key "pass").
+
+    A model without RoPE (rotated 0) has only pass-through channels; one that rotates every
+    channel (rotated == D) only rotated ones: the empty group is left out, not printed as nan.
+    rotated None (not recorded): one group "all" of every channel.
+    """
+    if rotated is None:
+        return [("all", f"channels {channel_span(0, head_dim)} (RoPE split unknown)", 0,
+                 head_dim)]
+    check_rotated(rotated, head_dim)
+    out = []
+    if rotated > 0:
+        out.append(("rot", f"rotated channels {channel_span(0, rotated)}", 0, rotated))
+    if rotated < head_dim:
+        out.append(("pass", f"pass-through channels {channel_span(rotated, head_dim)}", rotated,
+                    head_dim))
+    return out
+
+
+def check_rotated(rotated: int, head_dim: int) -> None:
+    """rotated must be a channel count the head holds: 0 (no RoPE) to D (every channel)."""
+    if isinstance(rotated, bool) or not isinstance(rotated, int) or not 0 <= rotated <= head_dim:
+        raise ValueError(f"rotated: the RoPE channel count must be an integer in 0..{head_dim} "
+                         f"(the head dim), got {rotated!r}")
 
 
 # MiniMax-H3 at 1344x768, 107 frames: 14 text rows, 356 audio rows, 32 x 1008 video rows.

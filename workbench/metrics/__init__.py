@@ -1,14 +1,13 @@
 """Metrics: tensor error measures, per-boundary / per-head metrics, drift, error by position."""
 
+from workbench.layout import channel_groups, channel_span, check_rotated
+
 from .boundaries import (
     BOUNDARIES,
     BOUNDARY_LABELS,
     BoundaryMetrics,
     boundary_metrics,
-    channel_groups,
     channel_mean_norms,
-    channel_span,
-    check_rotated,
     drift_summary,
     error_along_tokens,
     error_by_segment,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.layout import SegmentLayout
+from workbench.layout import SegmentLayout, channel_groups, check_rotated
 from workbench.attention.reference import AttentionResult
 
 from .tensor import stats_overall_and_per_head
@@ -63,39 +63,6 @@ def boundary_metrics(
         overall[b], heads[b] = stats_overall_and_per_head(x, r)
     row_err = (res.out.double() - ref_out.double()).pow(2).mean(dim=(0, 2, 3))
     return BoundaryMetrics(overall=overall, heads=heads, row_sq_err=row_err)
-
-
-def channel_span(start: int, stop: int) -> str:
-    """Channels start..stop-1 as a label: "96-127", "5" (one channel)."""
-    return f"{start}-{stop - 1}" if stop - start > 1 else f"{start}"
-
-
-def channel_groups(rotated: int | None, head_dim: int) -> list[tuple[str, str, int, int]]:
-    """[(key, label, start, stop)] of the non-empty channel groups of a head: the RoPE-rotated
-    channels 0..rotated-1 (key "rot") and the pass-through channels rotated..D-1 (key "pass").
-
-    A model without RoPE (rotated 0) has only pass-through channels; one that rotates every
-    channel (rotated == D) only rotated ones: the empty group is left out, not printed as nan.
-    rotated None (not recorded): one group "all" of every channel.
-    """
-    if rotated is None:
-        return [("all", f"channels {channel_span(0, head_dim)} (RoPE split unknown)", 0,
-                 head_dim)]
-    check_rotated(rotated, head_dim)
-    out = []
-    if rotated > 0:
-        out.append(("rot", f"rotated channels {channel_span(0, rotated)}", 0, rotated))
-    if rotated < head_dim:
-        out.append(("pass", f"pass-through channels {channel_span(rotated, head_dim)}", rotated,
-                    head_dim))
-    return out
-
-
-def check_rotated(rotated: int, head_dim: int) -> None:
-    """rotated must be a channel count the head holds: 0 (no RoPE) to D (every channel)."""
-    if isinstance(rotated, bool) or not isinstance(rotated, int) or not 0 <= rotated <= head_dim:
-        raise ValueError(f"rotated: the RoPE channel count must be an integer in 0..{head_dim} "
-                         f"(the head dim), got {rotated!r}")
 
 
 def drift_summary(per_channel: torch.Tensor, rotated: int | None) -> dict[str, float]:
