@@ -194,7 +194,7 @@ class SegmentLayout:
         if unknown:
             raise LayoutError(f"layout: unknown field(s) {unknown}; expected {list(H3_SEGMENTS)} "
                               "or 'segments'")
-        return cls(**{k: int(d.get(k, 0)) for k in H3_SEGMENTS})
+        return cls(**{k: d.get(k, 0) for k in H3_SEGMENTS})  # row counts checked as given
 
 
 def _check_segment(seg) -> tuple[str, int]:
