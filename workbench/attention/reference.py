@@ -230,7 +230,8 @@ def recipe_attention(
     recipe = get_recipe(recipe).at(step, layer)
     if causal and recipe.sparsity != "dense":
         raise ValueError(f"causal: the reference path masks dense recipes only; recipe "
-                         f"{recipe.name!r} has sparsity={recipe.sparsity!r}")
+                         f"{recipe.name!r} has sparsity={recipe.sparsity!r} (choose a dense one, "
+                         f"e.g. fp8_dense_kv_corrected, or replay non-causally)")
     if _checked:
         B, S, H, D = q.shape
         Hkv = k.shape[2]
