@@ -11,7 +11,6 @@ prompt "a red ball bouncing", seed 0, a 10-point sigma grid (9 model calls), eve
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -35,11 +34,10 @@ def main() -> int:
 
     h3 = load_model(MODEL, dtype=torch.bfloat16)
     out = Path(args.out)
-    shutil.rmtree(out, ignore_errors=True)
     n_layers = len(h3.model.transformer_blocks)
     with capture(h3.model, out, layers=range(n_layers), steps=range(GRID - 1),
                  layout=h3.layout.segments, seed=SEED, prompt=PROMPT, recipe="bf16",
-                 progress=False,
+                 progress=False, overwrite=True,
                  extra_attrs={"model_name": h3.name, "sampling_grid_points": GRID,
                               "h3_config": h3.config.to_dict(),
                               "made_by": "scripts/make_demo_capture.py"}) as cap:

@@ -6,8 +6,12 @@ made of it: registers, shared memory, spills and the instruction mix of the SASS
 Each argument is a JSON object of overrides of the default ``AttentionConfig`` (block_m, block_n,
 num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling`` (the recipe's P
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
-``QuantConfig.v_perm``). Used to check a kernel change (spills, MUFU / FP32 op counts, the main
-loop's instruction count) before spending GPU time on it.
+``QuantConfig.v_perm``). ``"sparse": true`` compiles the block-sparse specialization (routing
+lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
+``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (its register cap),
+and ``"summary": false`` for VSA (no summary route); its pointer arguments carry the 16-byte
+divisibility of the real launch. Used to check a kernel change (spills, MUFU / FP32 op counts,
+the main loop's instruction count) before spending GPU time on it.
 """
 
 from __future__ import annotations
@@ -33,20 +37,37 @@ OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F
        "SHFL", "BAR", "STS", "LDS"]
 
 
+SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk", "schedule",
+               "sparse_maxnreg")
+
+
 def compile_sm90(overrides: dict):
     """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
     extra = {k: overrides[k] for k in ("p_scaling", "perm_p") if k in overrides}
-    cfg = dataclasses.replace(DEFAULT.attention,
-                              **{k: v for k, v in overrides.items() if k not in extra})
-    bm, bn, tma = cfg.block_m, cfg.block_n, cfg.use_tma
+    sp = {k: overrides[k] for k in SPARSE_KEYS if k in overrides}
+    cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
+                                                    if k not in extra and k not in sp})
+    sparse = bool(sp.pop("sparse", False))
+    summary = bool(sp.pop("summary", True))
+    if "sparse_maxnreg" in sp:
+        sp["maxnreg"] = sp.pop("sparse_maxnreg")
+    scfg = dataclasses.replace(DEFAULT.sparse, **sp)
+    bm, bn = cfg.block_m, cfg.block_n
+    tma = scfg.tma if sparse else cfg.use_tma
+    box = 64 if sparse else bn  # the sparse tiles load one TMA box per 64-key block
     types = ["*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp32", "*bf16",
              "*fp32"]
     if tma:
-        types += [f"tensordesc<fp8e4nv[{bm}, 128]>", f"tensordesc<fp8e4nv[{bn}, 128]>",
-                  f"tensordesc<fp8e4nv[128, {bn}]>"]
+        types += [f"tensordesc<fp8e4nv[{bm}, 128]>", f"tensordesc<fp8e4nv[{box}, 128]>",
+                  f"tensordesc<fp8e4nv[128, {box}]>"]
     else:
         types += ["constexpr"] * 3
     types += ["i32"] * 5 + ["fp32"] + ["i32"] * 3
+    # BLOCKS, COUNTS, ORDER, KC, VCS, LENS, PART_O, PART_ML (None unless sparse; one KV part)
+    work_list = sparse and scfg.schedule == "heavy_first"
+    types += ["*i32" if sparse else "constexpr"] * 2 + ["*i32" if work_list else "constexpr"]
+    types += ["*fp32" if sparse and summary else "constexpr"] * 3 + ["constexpr"] * 2
+    types += ["i32"] * 3  # N_QB, N_KB, N_BH
     names = KERNEL.arg_names
     sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
     pv_fma = cfg.flush == "fma"
@@ -55,15 +76,22 @@ def compile_sm90(overrides: dict):
                IMP_PV=min(cfg.max_imprecise, bn), WRITE_LSE=False, OUT_F32=False,
                USE_TMA=tma, PV_FMA=pv_fma,
                PERM_P=bool(extra.get("perm_p", DEFAULT.quant.v_perm)),
-               P_LOG2_SCALE=P_LOG2_SCALES[extra.get("p_scaling", "unit")], INTERPRET=False)
-    if not tma:
-        cst.update(qd=None, kd=None, vd=None)
+               P_LOG2_SCALE=P_LOG2_SCALES[extra.get("p_scaling", "unit")], INTERPRET=False,
+               SPARSE=sparse, SUMMARY=sparse and summary, WORK_LIST=work_list, KV_SPLITS=1,
+               SUM_CHUNK=scfg.summary_chunk, SUM_PREC=scfg.summary_precision)
+    cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
+    attrs = {}
+    if sparse:  # the real launch's 16-byte alignment of every pointer (loads vectorize)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types)
+                 if t.startswith("*")}
     src = ASTSource(fn=KERNEL, signature=sig,
-                    constexprs={(names.index(k),): v for k, v in cst.items()})
+                    constexprs={(names.index(k),): v for k, v in cst.items()}, attrs=attrs)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.maxnreg:
-        opts["maxnreg"] = cfg.maxnreg
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts), cfg
+    cap = scfg.maxnreg if sparse else cfg.maxnreg
+    if cap:
+        opts["maxnreg"] = cap
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts), \
+        dataclasses.replace(cfg, maxnreg=cap)
 
 
 def ptxas_info(kernel, maxnreg=None) -> str:

@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from workbench.attention import InputError, SegmentLayout, recipe_attention, select_heads
+from workbench.attention import (
+    InputError,
+    SegmentLayout,
+    dense_attention_f64,
+    recipe_attention,
+    select_heads,
+)
 
 
 def _qkv(S=70, H=2, D=64):
@@ -63,3 +69,33 @@ def test_select_heads_range():
     q, k, v = _qkv()
     with pytest.raises(InputError, match=r"heads: \[5\] out of range"):
         select_heads(q, k, v, [0, 5])
+
+
+@pytest.mark.parametrize("dtype, big, which, name", [
+    (torch.float32, 3e38, "q", "q"), (torch.float32, 3e38, "k", "k"),
+    (torch.float32, 3e38, "qk", "q and k"), (torch.float64, 1e200, "qk", "q and k"),
+])
+def test_finite_inputs_that_overflow_the_scores_are_named(dtype, big, which, name):
+    q, k, v = (t.to(dtype).abs() + 1 for t in _qkv())  # positive: q.k cannot cancel
+    if "q" in which:
+        q = torch.full_like(q, big)
+    if "k" in which:
+        k = torch.full_like(k, big)
+    for recipe in ("exact", "bf16", "fp8_dense"):
+        with pytest.raises(InputError, match=rf"^{name}: finite values up to .* overflow the "
+                                             rf"attention computation"):
+            recipe_attention(q, k, v, recipe)
+    if dtype == torch.float64:
+        with pytest.raises(InputError, match=rf"^{name}: finite values"):
+            dense_attention_f64(q, k, v)
+
+
+def test_finite_v_whose_sums_overflow_is_named():
+    q, k, v = _qkv()
+    q = torch.zeros_like(q)  # uniform attention: the output sums v over all 70 keys
+    v = torch.full_like(v, 3e38)
+    with pytest.raises(InputError, match=r"^v: finite values up to 3e\+38 .*sums over 70 keys"):
+        recipe_attention(q, k, v, "exact")
+    # Large but safe values still compute (no false alarm): max |v| over 70 keys stays finite.
+    out = recipe_attention(q, k, torch.full_like(v, 1e36), "exact").out
+    assert torch.isfinite(out).all() and float(out.max()) == pytest.approx(1e36, rel=1e-6)

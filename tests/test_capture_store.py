@@ -244,7 +244,9 @@ def test_two_readers_while_writing(tmp_path):
         for i in range(n):
             cap.record(f"blocks.{i}", *entry_tensors(i), step=0, layer=i)
             time.sleep(0.01)
-    time.sleep(0.05)
+    deadline = time.time() + 30  # let each reader finish a listing that started after the close
+    while time.time() < deadline and not all(x and x[-1] == n for x in seen) and not errors:
+        time.sleep(0.01)
     stop.set()
     for t in threads:
         t.join()

@@ -250,13 +250,15 @@ def test_fma_flush_equals_the_triton_flush(S):
 def test_dispatch_support_rules():
     q, k, v = biased_qkv(S=64)
     assert dispatch.unsupported_reason(q, k, v, dispatch.get_recipe("fp8_dense")) is None
-    assert "sparse" in dispatch.unsupported_reason(q, k, v, dispatch.get_recipe("fp8_sol_k"))
+    assert dispatch.unsupported_reason(q, k, v, dispatch.get_recipe("fp8_sol_k")) is None
+    assert "sol_block" in dispatch.unsupported_reason(
+        q, k, v, dispatch.get_recipe("fp8_sol_k:sol_block=32"))
     assert dispatch.unsupported_reason(q, k, v, dispatch.get_recipe("bf16")) is not None
     assert dispatch.unsupported_reason(q.float(), k.float(), v.float(),
                                        dispatch.get_recipe("fp8_dense")) is not None
     assert dispatch.try_kernel(q, k, v, "fp8_dense") is None  # CPU tensors: reference path
-    with pytest.raises(ValueError, match="sparse"):
-        dispatch.fp8_recipe_attention(q, k, v, "fp8_sol_kv_corrected")
+    with pytest.raises(ValueError, match="vsa_tile"):
+        dispatch.fp8_recipe_attention(q, k, v, "fp8_dense:sparsity=vsa,vsa_tile=128")
     for p_scaling in ("exp2_offset8", "rowmax448"):
         rec = dispatch.get_recipe(f"fp8_dense:p_scaling={p_scaling}")
         assert dispatch.unsupported_reason(q, k, v, rec) is None

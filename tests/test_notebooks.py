@@ -22,9 +22,10 @@ BUDGET_S = 90.0
 MAX_EXECUTED_BYTES = 1_000_000
 
 
-def test_all_five_notebooks_present():
+def test_all_six_notebooks_present():
     assert NOTEBOOKS == ["01_capture.ipynb", "02_smoothing_explorer.ipynb", "03_frame_diff.ipynb",
-                         "04_kernel_bench.ipynb", "05_pr_figures.ipynb"]
+                         "04_kernel_bench.ipynb", "05_pr_figures.ipynb",
+                         "06_scan_and_plan.ipynb"]
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -44,6 +45,7 @@ def _params(name: str, tmp: Path) -> dict:
         "01_capture.ipynb": {"out": str(tmp / "capture.zarr")},
         "02_smoothing_explorer.ipynb": {"recipe_b": "fp8_sol_kv_corrected:p_scaling=rowmax448"},
         "05_pr_figures.ipynb": {"out": str(tmp / "pr"), "formats": "png,html"},
+        "06_scan_and_plan.ipynb": {"out": str(tmp / "scan"), "export": str(tmp / "scan_pr")},
     }.get(name, {})
 
 
@@ -73,5 +75,8 @@ def test_notebook_runs(name, tmp_path):
     if name == "05_pr_figures.ipynb":
         md = (tmp_path / "pr" / "report.md").read_text()
         assert "Smooth Attention Kernel Accuracy" in md and "figures/boundary_bars.png" in md
+    if name == "06_scan_and_plan.ipynb":
+        assert "expected attention cost" in text and (tmp_path / "scan" / "plan.json").exists()
+        assert (tmp_path / "scan_pr" / "figures" / "plan_grid.html").exists()
     if name == "04_kernel_bench.ipynb":
         assert "TFLOP/s" in text

@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = [
     "workbench.bench.cli",  # bench (GPU side-by-side timings)
     "workbench.generate.cli",  # generate, compare
     "workbench.viz.cli",  # report (PR figures + markdown)
+    "workbench.evaluate.cli",  # scan, plan, scan-report
 ]
 
 # Commands that compute on the CPU take --threads. One torch thread is the default: on 2 cores,
@@ -48,8 +49,22 @@ def threads_to_use(requested: int | None) -> int:
     return int(env) if env.isdigit() and int(env) > 0 else DEFAULT_THREADS
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line, in the same form as every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def os_error_line(exc: OSError) -> str:
+    """'PATH: Permission denied' (the path first, as every other error names its input)."""
+    names = [n for n in (exc.filename, getattr(exc, "filename2", None)) if n is not None]
+    what = exc.strerror or str(exc)
+    return f"{' -> '.join(str(n) for n in names)}: {what}" if names else what
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="workbench",
         description="Attention research workbench: FP8 and sparse attention on MiniMax-H3.",
     )
@@ -82,10 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(n_threads)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, KeyError) as exc:
         # Bad input: one clear line naming the problem, no traceback.
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"workbench {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # A path that cannot be read or written (missing, read-only, a file where a folder
+        # should be, disk full): name it.
+        print(f"workbench {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
         return 2
 
 

@@ -28,7 +28,7 @@ import torch
 
 from workbench.recipes import PRESETS, AttentionRecipe, get_recipe
 
-from .layout import SegmentLayout, check_qkv, check_query_index
+from .layout import InputError, SegmentLayout, check_qkv, check_query_index
 from .quant import (
     expand_token_scales,
     hadamard_matrix,
@@ -320,6 +320,7 @@ def recipe_attention(
             out[:, prefix_rows] = pre.out.to(out.dtype)
             lse[:, prefix_rows] = pre.lse.to(lse.dtype)
 
+    raise_on_overflow(out, q, k, v, scale)
     if rot is not None:  # report Q and K boundaries in the caller's coordinates
         q_rows, k_op = q_rows @ rot.T, k_op @ rot.T
         mu_k_orig = mu_k @ rot.T
@@ -400,4 +401,34 @@ def dense_attention_f64(
         row_sum = row_sum * alpha + p.sum(-1)
         acc = acc * alpha[..., None] + p @ vv[:, :, s0 : s0 + key_chunk].double()
         m = m_new
-    return (acc / row_sum[..., None]).transpose(1, 2), (m + torch.log(row_sum)).transpose(1, 2)
+    out = (acc / row_sum[..., None]).transpose(1, 2)
+    raise_on_overflow(out, q, k, v, scale)
+    return out, (m + torch.log(row_sum)).transpose(1, 2)
+
+
+def raise_on_overflow(out: torch.Tensor, q, k, v, scale: float) -> None:
+    """Finite inputs can still overflow the computation (scores |q.k| * scale, or sums of V over
+    the keys, beyond the compute dtype's max) and come out as NaN/Inf. One reduction checks the
+    output; only when it is not finite are the inputs' magnitudes measured to name the tensor.
+
+    out: [B, n, H, D] in the compute dtype; q [B, S, H, D], k/v [B, S, Hkv, D] as given.
+    """
+    if bool(torch.isfinite(out).all()):
+        return
+    fmax = torch.finfo(out.dtype).max
+    amax = {n: float(t.detach().abs().amax()) for n, t in (("q", q), ("k", k), ("v", v))}
+    S, D = k.shape[1], q.shape[-1]
+    # |s| <= scale * D * max|q| * max|k|: a tensor past sqrt(fmax / (scale * D)) can overflow the
+    # scores on its own; V overflows the softmax-weighted sums past fmax / S.
+    score_lim = math.sqrt(fmax / (scale * D))
+    names = [n for n in ("q", "k") if amax[n] > score_lim]
+    if amax["v"] * S > fmax:
+        names.append("v")
+    if not names:
+        names = [max(amax, key=amax.get)]
+    raise InputError(
+        f"{' and '.join(names)}: finite values up to {max(amax[n] for n in names):.3g} overflow "
+        f"the attention computation (scores q.k * scale, operand formats or sums over {S} keys "
+        f"past the {str(out.dtype).removeprefix('torch.')} range {fmax:.3g}); the output would be "
+        f"NaN/Inf: rescale the input"
+    )

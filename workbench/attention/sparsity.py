@@ -63,6 +63,33 @@ def sol_threshold(
     return mu + tau * sigma
 
 
+def sol_scores(
+    qbar: torch.Tensor, kcent: torch.Tensor, recipe: AttentionRecipe, c: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sol's coarse scores and thresholds in the log2 domain from FP32 block means.
+
+    qbar [B, H, nq, D], kcent [B, H, nk, D] (K block means, one K/V head per query head) ->
+    (scores qbar_i . kc_j * c [B, H, nq, nk], theta [B, H, nq]).
+    """
+    scores = (qbar @ kcent.transpose(-1, -2)) * c
+    theta = sol_threshold(qbar, kcent, recipe.sol_tau, recipe.sol_threshold, c)
+    return scores, theta
+
+
+def sol_exact(
+    scores: torch.Tensor, theta: torch.Tensor, recipe: AttentionRecipe, prefix_len: int
+) -> torch.Tensor:
+    """Sol decisions [B, H, nq, nk] bool: score above theta, the diagonal band, or the sink (key
+    blocks holding prefix rows)."""
+    exact = scores > theta[..., None]
+    nq, nk = scores.shape[-2:]
+    i = torch.arange(nq, device=scores.device)[:, None]
+    j = torch.arange(nk, device=scores.device)[None, :]
+    exact |= (i - j).abs() <= recipe.sol_band
+    exact |= j * recipe.sol_block < prefix_len
+    return exact
+
+
 def sol_block_map(
     q: torch.Tensor,
     k_smoothed: torch.Tensor,
@@ -83,17 +110,8 @@ def sol_block_map(
     qbar, _ = block_reduce(q, blk, "mean")
     kcent, lens = block_reduce(k_smoothed, blk, "mean")
     vsum, _ = block_reduce(v_smoothed, blk, "sum")
-    kc_h = _expand(kcent, group)
-    scores = (qbar @ kc_h.transpose(-1, -2)) * c  # [B, H, nq, nk]
-    theta = sol_threshold(qbar, kc_h, recipe.sol_tau, recipe.sol_threshold, c)
-    exact = scores > theta[..., None]
-    nq, nk = scores.shape[-2:]
-    i = torch.arange(nq, device=q.device)[:, None]
-    j = torch.arange(nk, device=q.device)[None, :]
-    exact |= (i - j).abs() <= recipe.sol_band
-    sink = j * blk < layout.prefix_len
-    exact |= sink
-    return exact, kcent, vsum, lens
+    scores, theta = sol_scores(qbar, _expand(kcent, group), recipe, c)
+    return sol_exact(scores, theta, recipe, layout.prefix_len), kcent, vsum, lens
 
 
 def vsa_block_map(
@@ -113,20 +131,32 @@ def vsa_block_map(
     qbar, _ = block_reduce(q, T, "mean")
     kbar, _ = block_reduce(k, T, "mean")
     scores = (qbar @ _expand(kbar, group).transpose(-1, -2)) * scale
+    return vsa_select(scores, recipe, layout.prefix_len)
+
+
+def vsa_select(scores: torch.Tensor, recipe: AttentionRecipe, prefix_len: int) -> torch.Tensor:
+    """VSA's top-k per query tile from coarse scores [B, H, nq, nk] -> kept tiles, bool."""
+    T = recipe.vsa_tile
     nk = scores.shape[-1]
-    prefix = torch.arange(nk, device=q.device) * T < layout.prefix_len
+    prefix = torch.arange(nk, device=scores.device) * T < prefix_len
+    keep = vsa_keep_count(recipe, nk, int(prefix.sum()))
     if recipe.vsa_prefix == "exempt" and bool(prefix.any()):
-        n_video = int((~prefix).sum())
-        keep = math.ceil(recipe.vsa_keep * n_video)
         scores = scores.masked_fill(prefix, -math.inf)
-    else:
-        keep = math.ceil(recipe.vsa_keep * nk)
-    keep = max(1, min(keep, nk))
     top = scores.topk(keep, dim=-1).indices
     mask = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
     if recipe.vsa_prefix == "exempt":
         mask |= prefix
     return mask
+
+
+def vsa_keep_count(recipe: AttentionRecipe, n_tiles: int, n_prefix_tiles: int) -> int:
+    """Key tiles chosen by score per query tile: ceil(keep * n) of the video tiles ("exempt",
+    prefix tiles are kept besides) or of all tiles ("compete"), at least 1."""
+    if recipe.vsa_prefix == "exempt" and n_prefix_tiles:
+        keep = math.ceil(recipe.vsa_keep * (n_tiles - n_prefix_tiles))
+    else:
+        keep = math.ceil(recipe.vsa_keep * n_tiles)
+    return max(1, min(keep, n_tiles))
 
 
 def tile_order(frames: int, height: int, width: int, tile=(4, 4, 4)) -> torch.Tensor:

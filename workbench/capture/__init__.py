@@ -13,7 +13,11 @@ from .schema import (
     CaptureStoreError,
     ChecksumError,
     IncompleteEntryError,
+    MetadataError,
+    MissingChunkError,
+    RunMismatchError,
     SchemaVersionError,
+    StoreLockedError,
 )
 from .writer import CaptureWriteError
 
@@ -28,7 +32,11 @@ __all__ = [
     "ChecksumError",
     "EntryInfo",
     "IncompleteEntryError",
+    "MetadataError",
+    "MissingChunkError",
+    "RunMismatchError",
     "SchemaVersionError",
+    "StoreLockedError",
     "capture",
     "open_capture",
 ]

@@ -5,22 +5,32 @@ from __future__ import annotations
 import sys
 import time
 
+from workbench.cli_args import check_in_range, parse_int_list, positive_int
 
-def _ints(text: str | None) -> list[int] | None:
-    if text in (None, "", "all"):
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"expected a comma-separated list of integers, got {text!r}") from None
+
+def _capture_plan(args):
+    """Selections parsed and checked before anything is loaded or written."""
+    from .storefs import check_target
+
+    layers = parse_int_list(args.layers, "--layers")
+    steps = parse_int_list(args.steps, "--steps")
+    heads = parse_int_list(args.heads, "--heads")
+    if args.num_steps < 2:
+        raise ValueError(f"--num-steps: need at least 2 sigma grid points (1 model call), got "
+                         f"{args.num_steps}")
+    if args.budget_mb <= 0:
+        raise ValueError(f"--budget-mb: must be positive, got {args.budget_mb}")
+    check_target(args.out, resume=args.resume, overwrite=args.overwrite, flag="--out")
+    return layers, steps, heads
 
 
 def cmd_capture(args) -> int:
     import torch
 
     from .recorder import capture
+    from .schema import entry_path
 
-    layers, steps, heads = _ints(args.layers), _ints(args.steps), _ints(args.heads)
+    layers, steps, heads = _capture_plan(args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     kw = dict(layers=layers, steps=steps, heads=heads, seed=args.seed, prompt=args.prompt,
               recipe=args.recipe, resume=args.resume, overwrite=args.overwrite,
@@ -29,7 +39,11 @@ def cmd_capture(args) -> int:
     if args.model == "minilm":
         from .minilm import load_minilm, minilm_batch
 
+        if steps is not None:
+            raise ValueError("--steps: minilm is one forward (no denoising steps); leave it out")
         model, tok = load_minilm()
+        check_in_range(layers, model.config.num_hidden_layers, "--layers", "minilm", "layers")
+        check_in_range(heads, model.config.num_attention_heads, "--heads", "minilm", "heads")
         batch = minilm_batch(tok, args.prompt)
         with capture(model, args.out, extra_attrs={"model_name": "minilm"},
                      **{**kw, "steps": None}) as cap:
@@ -39,14 +53,28 @@ def cmd_capture(args) -> int:
     else:
         from workbench.models import load_model
 
+        from .identity import checkpoint_id
+
         h3 = load_model(args.model, dtype=dtype)
-        n_calls = (max(steps) + 1) if steps else args.num_steps - 1
-        grid = max(args.num_steps, n_calls + 1)
+        n_calls = h3.schedule_steps(args.num_steps, "--num-steps")
+        h3.check_capture_steps(steps, args.num_steps, "--steps", "--num-steps")
+        n_blocks = len(h3.model.transformer_blocks)
+        check_in_range(layers, n_blocks, "--layers", h3.name, "blocks")
+        check_in_range(heads, h3.model.config.num_attention_heads, "--heads", h3.name,
+                       "query heads")
+        expected = {entry_path(s, f"transformer_blocks.{i}")
+                    for s in (steps if steps is not None else range(n_calls))
+                    for i in (layers if layers is not None else range(n_blocks))}
         with capture(h3.model, args.out, layout=h3.layout.segments,
-                     extra_attrs={"model_name": h3.name, "sampling_grid_points": grid,
+                     extra_attrs={"model_name": h3.name, "checkpoint_id": checkpoint_id(args.model),
+                                  "sampling_grid_points": args.num_steps,
                                   "h3_config": h3.config.to_dict() if h3.config else None},
                      **kw) as cap:
-            h3.sample(args.prompt, seed=args.seed, steps=grid, callback=cap.step)
+            if args.resume and expected <= cap.completed:
+                print(f"{args.out}: nothing to capture: the store is already complete "
+                      f"({len(expected)} already complete entries of {len(expected)} requested)")
+                return 0
+            h3.sample(args.prompt, seed=args.seed, steps=args.num_steps, callback=cap.step)
     stats = cap.stats
     print(f"captured {stats.entries} entries ({stats.bytes / 2**20:.2f} MiB) into {args.out} in "
           f"{time.perf_counter() - t0:.1f} s; writer {stats.mb_per_s:.0f} MiB/s; "
@@ -58,13 +86,15 @@ def cmd_inspect(args) -> int:
     from .inspect import inspect_store
     from .replay import open_capture
 
-    print(inspect_store(args.store, stats=not args.no_stats))
+    print(inspect_store(args.store, stats=not args.no_stats, strict=not args.verify))
     if args.verify:
-        problems = open_capture(args.store).verify()
-        print("\nverify: " + ("all chunks pass crc32c" if not problems else
-                              f"{len(problems)} problem(s)"))
+        problems, notes = open_capture(args.store, strict=False).verify_report()
+        print("\nverify: " + ("metadata valid, every chunk present, all chunks pass crc32c"
+                              if not problems else f"{len(problems)} problem(s)"))
         for p in problems:
             print("  " + p)
+        for n in notes:
+            print("  note: " + n)
         return 1 if problems else 0
     return 0
 
@@ -84,17 +114,22 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="h3-tiny",
                    help="h3-tiny | h3-nano | PATH (workbench.models) or minilm (SDPA capture)")
     p.add_argument("--out", required=True, help="store path (a .zarr directory)")
-    p.add_argument("--layers", default=None, help="comma-separated block indices (default all)")
-    p.add_argument("--steps", default=None, help="comma-separated denoising steps (default all)")
-    p.add_argument("--heads", default=None, help="comma-separated query heads (default all)")
-    p.add_argument("--num-steps", type=int, default=4, help="sigma grid points when --steps unset")
+    p.add_argument("--layers", default=None, help="block indices, e.g. 0,2 or 0-3 (default all)")
+    p.add_argument("--steps", default=None,
+                   help="denoising steps to keep, e.g. 0,2 or 0-2; within the --num-steps "
+                        "schedule (default all)")
+    p.add_argument("--heads", default=None, help="query heads, e.g. 0,1 or 0-3 (default all)")
+    p.add_argument("--num-steps", type=int, default=4,
+                   help="sigma grid points of the sampler (N points: steps 0..N-2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt", default="a red ball bouncing")
     p.add_argument("--recipe", default="bf16", help="recipe of the run (stored in attributes)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--budget-mb", type=float, default=2048.0, help="host memory bound (MiB)")
-    p.add_argument("--resume", action="store_true", help="continue a store; keep complete entries")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a store of the same run; keep its complete entries")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing capture store (never anything else)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_capture)
 
@@ -107,8 +142,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("archive", help="rewrite a capture store with zstd compression")
     p.add_argument("src")
     p.add_argument("dst")
-    p.add_argument("--level", type=int, default=3)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--level", type=positive_int, default=3, help="zstd level (default 3)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace DST if it is a capture store (kept until the new one is done)")
     p.set_defaults(func=cmd_archive)
 
 

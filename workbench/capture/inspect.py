@@ -6,7 +6,9 @@ import json
 
 import torch
 
+from .lock import describe_holder, holder_is_stale, read_holder
 from .replay import CaptureReader, open_capture
+from .schema import CaptureStoreError
 
 MAX_STAT_ROWS = 4096  # norms use at most this many evenly spaced token rows per entry
 
@@ -22,12 +24,22 @@ def channel_norms(x: torch.Tensor, rotated: int) -> tuple[float, float]:
     return rot, rest
 
 
-def layer_norm_stats(reader: CaptureReader) -> list[dict]:
-    """Per layer (averaged over its complete steps): K/V mean norms, rotated vs pass-through."""
+def layer_norm_stats(reader: CaptureReader, damaged: list[str] | None = None) -> list[dict]:
+    """Per layer (averaged over its complete steps): K/V mean norms, rotated vs pass-through.
+
+    damaged: when given, entries that fail to read are listed there (one line each) and left out;
+    otherwise the first failure raises.
+    """
     rotated = reader.rotated_channels or 0
     per_layer: dict = {}
     for e in reader.entries(include_incomplete=False):
-        _, k, v = reader.qkv(e.step, e.layer if e.layer is not None else e.name)
+        try:
+            _, k, v = reader.qkv(e.step, e.layer if e.layer is not None else e.name)
+        except CaptureStoreError as exc:
+            if damaged is None:
+                raise
+            damaged.append(str(exc))
+            continue
         S = k.shape[1]
         if S > MAX_STAT_ROWS:
             rows = torch.linspace(0, S - 1, MAX_STAT_ROWS).round().long()
@@ -50,23 +62,36 @@ def layer_norm_stats(reader: CaptureReader) -> list[dict]:
     return out
 
 
+def _recipe_name(spec) -> str | None:
+    try:
+        return json.loads(spec).get("name") if spec not in (None, "native") else spec
+    except (ValueError, AttributeError, TypeError):
+        return f"{spec!r} (not a recipe spec)"
+
+
 def _fmt(x: float) -> str:
     return "-" if x != x else f"{x:.4g}"
 
 
-def inspect_store(path, stats: bool = True) -> str:
-    r = open_capture(path)
+def inspect_store(path, stats: bool = True, strict: bool = True) -> str:
+    """The inspect view; ``strict=False`` shows a store whose root attributes are damaged (the
+    problems are listed by ``verify``)."""
+    r = open_capture(path, strict=strict)
     a = r.attrs
     lines = [
         f"store: {path}",
-        f"schema: {a['schema']} v{a['schema_version']}",
+        f"schema: {a.get('schema')} v{a.get('schema_version')}",
         f"model: {a.get('model_class')}",
         f"capture point: {a.get('capture_point')}",
         f"segment layout: {json.dumps(a.get('segment_layout'))}",
         f"rotated channels: {a.get('rotated_channels')}",
         f"seed: {a.get('seed')}  prompt: {a.get('prompt')!r}",
-        f"recipe: {None if a.get('recipe') is None else json.loads(a['recipe']).get('name')}",
+        f"recipe: {_recipe_name(a.get('recipe'))}",
     ]
+    holder = read_holder(path)
+    if holder:
+        lines.append(("writer lock: left by a writer that is gone (stale), " if holder_is_stale(
+            holder) else "writer lock: held by ") + describe_holder(holder))
     entries = r.entries()
     done = [e for e in entries if e.complete]
     total = sum(e.nbytes for e in done)
@@ -96,8 +121,13 @@ def inspect_store(path, stats: bool = True) -> str:
                      "channels recorded: all channels are pass-through)")
         lines.append(f"{'layer':>6}  {'name':<28} {'steps':>5} {'K rot':>10} {'K pass':>10} "
                      f"{'V rot':>10} {'V pass':>10}")
-        for s in layer_norm_stats(r):
+        damaged: list[str] = []
+        for s in layer_norm_stats(r, damaged):
             lines.append(f"{s['layer']!s:>6}  {s['name']:<28} {s['steps']:>5} "
                          f"{_fmt(s['k_rot']):>10} {_fmt(s['k_pass']):>10} "
                          f"{_fmt(s['v_rot']):>10} {_fmt(s['v_pass']):>10}")
+        if damaged:
+            lines.append(f"norms leave out {len(damaged)} damaged entr"
+                         f"{'y' if len(damaged) == 1 else 'ies'} (--verify lists every problem):")
+            lines.extend("  " + d for d in damaged)
     return "\n".join(lines)

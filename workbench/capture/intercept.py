@@ -221,6 +221,12 @@ class AttentionInterceptor:
                 raise ValueError(f"layers: {bad} out of range for a model with {n_total} blocks")
         return targets
 
+    def check_layers(self) -> None:
+        """Refuse layers the model does not have (H3: block indices), before any work. SDPA
+        layers are call-order indices, known only once the model runs."""
+        if self.kind == "h3_processor":
+            self._h3_targets()
+
     # SDPA -----------------------------------------------------------------------------------------
     def _on_sdpa(self, func, args, kwargs):
         bound = dict(zip(_SDPA_ARGS, args))
@@ -268,9 +274,14 @@ class AttentionInterceptor:
             raise RuntimeError("AttentionInterceptor is not re-entrant")
         self._active = True
         if self.kind == "h3_processor":
+            try:
+                targets = self._h3_targets()  # raises on a bad layer before anything is patched
+            except BaseException:
+                self._active = False
+                raise
             cls = _make_h3_processor_class()
             _install_trampoline()
-            for name, layer, attn in self._h3_targets():
+            for name, layer, attn in targets:
                 self._saved.append((attn, attn.processor))
                 attn.processor = cls(attn.processor, self, name, layer)
         else:

@@ -2,6 +2,13 @@
 
 Built on ``AttentionInterceptor``: the handler copies the tensors that enter attention into host
 memory and returns None, so the model computes exactly what it computes without capture.
+
+Opening never destroys data: a path holding anything but a capture store is refused
+(``storefs.check_target``); ``overwrite=True`` moves the old store aside and deletes it only once
+the new capture has succeeded; ``resume=True`` refuses a run whose identity differs from the
+stored one (``identity.py``); the writer holds the store's lock (``lock.py``) while it writes. A
+capture that fails before its first entry is complete removes what it created (and puts a replaced
+store back), so the corrected command can run at once.
 """
 
 from __future__ import annotations
@@ -9,27 +16,51 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import zarr
+from zarr.errors import ContainsGroupError
+from zarr.storage import LocalStore
 
 from workbench.attention import SegmentLayout
 
+from .identity import check_resume_identity
 from .intercept import AttentionCall, AttentionInterceptor, is_h3_model
+from .lock import StoreLock
 from .schema import (
+    CHUNK_RECORD,
+    ENTRIES_GROUP,
     SCHEMA_NAME,
     SCHEMA_VERSION,
     STATUS_COMPLETE,
     CaptureStoreError,
+    MetadataError,
     check_schema,
     dtype_name,
     entry_path,
     library_versions,
 )
-from .writer import DEFAULT_BUDGET_BYTES, DEFAULT_CHUNK_BYTES, StoreWriter, WriterStats
+from .storefs import (
+    check_target,
+    make_dirs,
+    remove_made_dirs,
+    remove_store,
+    remove_store_files,
+    sibling,
+)
+from .validate import attributes_of, entry_problems, group_problems, load_json, root_problems
+from .writer import (
+    DEFAULT_BUDGET_BYTES,
+    DEFAULT_CHUNK_BYTES,
+    StoreWriter,
+    WriterStats,
+    describe_os_error,
+)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -37,10 +68,24 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
+def model_dtype(model) -> str | None:
+    """The floating dtype holding most of the model's parameters (H3 keeps a few modules fp32)."""
+    params = getattr(model, "parameters", None)
+    if params is None:
+        return None
+    count: Counter = Counter()
+    for p in params():
+        if p.is_floating_point():
+            count[p.dtype] += p.numel()
+    return dtype_name(count.most_common(1)[0][0]) if count else None
+
+
 def model_metadata(model) -> dict[str, Any]:
-    """model_class, model_config and rotated_channels for a diffusers / HF / plain torch model."""
+    """model_class, model_config, model_dtype and rotated_channels for a diffusers / HF / plain
+    torch model."""
     if model is None:
-        return {"model_class": None, "model_config": None, "rotated_channels": None}
+        return {"model_class": None, "model_config": None, "model_dtype": None,
+                "rotated_channels": None}
     cls = f"{type(model).__module__}.{type(model).__qualname__}"
     cfg = getattr(model, "config", None)
     if cfg is not None and hasattr(cfg, "to_dict"):
@@ -53,7 +98,8 @@ def model_metadata(model) -> dict[str, Any]:
         rotated = 2 * 3 * int(model.config.rope_freq_dim)
     elif cfg and cfg.get("position_embedding_type") == "absolute":
         rotated = 0  # BERT-style models: no rotary channels at all
-    return {"model_class": cls, "model_config": _jsonable(cfg), "rotated_channels": rotated}
+    return {"model_class": cls, "model_config": _jsonable(cfg), "model_dtype": model_dtype(model),
+            "rotated_channels": rotated}
 
 
 def _on_cuda(model) -> bool:
@@ -63,15 +109,37 @@ def _on_cuda(model) -> bool:
     return any(p.is_cuda for p in params())
 
 
-def _existing_entries(root: zarr.Group) -> dict[str, str]:
-    """{entry path: status} for every entry group in the store."""
-    out = {}
-    if "entries" not in root:
-        return out
-    for step_key, step_group in root["entries"].groups():
-        for name_key, g in step_group.groups():
-            out[f"entries/{step_key}/{name_key}"] = g.attrs.get("status", "?")
-    return out
+def completed_entries(store: Path) -> set[str]:
+    """Entry paths a resume keeps: status complete, valid attributes, every recorded chunk on disk.
+
+    Walks the directory (like the reader); a damaged group folder (entries/ or a step) refuses the
+    resume naming the file, since new entries would be written under it.
+    """
+    done: set[str] = set()
+    base = store / ENTRIES_GROUP
+    if not base.is_dir():
+        return done
+    for meta_dir in [base, *sorted(p for p in base.iterdir() if p.is_dir())]:
+        rel = meta_dir.relative_to(store).as_posix() + "/zarr.json"
+        if (meta_dir / "zarr.json").exists():
+            problems = group_problems(load_json(meta_dir / "zarr.json", f"{store}/{rel}"),
+                                      f"{store}/{rel}")
+            if problems:
+                raise MetadataError(problems[0] + "; see workbench inspect --verify")
+    for step_dir in sorted(p for p in base.iterdir() if p.is_dir()):
+        for entry_dir in sorted(p for p in step_dir.iterdir() if p.is_dir()):
+            rel = f"{ENTRIES_GROUP}/{step_dir.name}/{entry_dir.name}"
+            try:
+                attrs = attributes_of(load_json(entry_dir / "zarr.json", rel))
+            except MetadataError:
+                continue  # rewritten by the resume
+            if attrs.get("status") != STATUS_COMPLETE or entry_problems(attrs, rel, rel):
+                continue
+            record = attrs.get(CHUNK_RECORD) or {}
+            if all((entry_dir / name / key).is_file() for name, keys in record.items()
+                   for key in keys):
+                done.add(rel)
+    return done
 
 
 class Capture:
@@ -133,8 +201,13 @@ class Capture:
         self.skipped: list[str] = []  # entries not rewritten because a resumed store had them
         self.submitted: list[str] = []
         self._done: set[str] = set()
+        self._lock: StoreLock | None = None
+        self._created = False  # this capture created the store (remove it if nothing completes)
+        self._made: list[Path] = []  # directories this capture created
+        self._aside: Path | None = None  # a store being replaced, kept until the capture succeeds
         self._timestep: float | None = None
         self._step: int | None = None if self.steps is None else self.steps[0]
+        self._seen_steps: set[int | None] = set()  # steps the run reached (step() / record())
 
     # store ----------------------------------------------------------------------------------------
     def _root_attrs(self) -> dict[str, Any]:
@@ -143,7 +216,9 @@ class Capture:
         meta = model_metadata(self.model)
         if self.rotated_channels is not None:
             meta["rotated_channels"] = int(self.rotated_channels)
-        recipe_json = None if self.recipe is None else get_recipe(self.recipe).to_json()
+        # "native": the model's own attention (generate --recipe native), not a recipe spec.
+        recipe_json = None if self.recipe is None else (
+            "native" if self.recipe == "native" else get_recipe(self.recipe).to_json())
         return {
             "schema": SCHEMA_NAME,
             "schema_version": SCHEMA_VERSION,
@@ -173,46 +248,154 @@ class Capture:
 
     def _open_store(self) -> zarr.Group:
         where = str(self.path)
-        exists = (self.path / "zarr.json").exists()
-        if exists and self.resume:
-            root = zarr.open_group(str(self.path), mode="r+")
-            check_schema(dict(root.attrs), where)
-            entries = _existing_entries(root)
-            self._done = {p for p, s in entries.items() if s == STATUS_COMPLETE}
-            root.attrs.update({"resumed_unix": time.time(),
-                               "resume_count": int(root.attrs.get("resume_count", 0)) + 1})
+        kind = check_target(self.path, resume=self.resume, overwrite=self.overwrite)
+        try:
+            if kind == "resume":
+                return self._open_for_resume()
+            if kind == "replace":
+                self._move_aside()
+            make_dirs(self.path, self._made)
+            self._lock = StoreLock(self.path).acquire()
+            try:
+                root = zarr.create_group(store=LocalStore(str(self.path)),
+                                         attributes=self._root_attrs(), overwrite=False)
+            except ContainsGroupError:
+                raise CaptureStoreError(f"{where}: another capture created a store here while "
+                                        f"this one was starting") from None
+            # Only from here on does the folder hold files of this capture (before, a failure
+            # must not touch what another writer may have put there).
+            self._created = True
             return root
-        if exists and not self.overwrite:
-            raise CaptureStoreError(
-                f"{where}: a store already exists; pass resume=True (--resume) to continue it or "
-                f"overwrite=True (--overwrite) to replace it"
-            )
-        return zarr.open_group(str(self.path), mode="w", attributes=self._root_attrs())
+        except OSError as exc:
+            raise describe_os_error(exc, where, "opening the store for writing") from exc
+
+    def _open_for_resume(self) -> zarr.Group:
+        where = str(self.path)
+        meta = load_json(self.path / "zarr.json", f"{where}/zarr.json")
+        stored = attributes_of(meta)
+        check_schema(stored, where)
+        problems = root_problems(meta, f"{where}/zarr.json")
+        if problems:
+            raise MetadataError(problems[0] + "; see workbench inspect --verify")
+        self._lock = StoreLock(self.path).acquire()
+        check_resume_identity(stored, self._root_attrs(), where)
+        self._done = completed_entries(self.path)
+        root = zarr.open_group(where, mode="r+")
+        root.attrs.update({"resumed_unix": time.time(),
+                           "resume_count": int(stored.get("resume_count", 0)) + 1})
+        return root
+
+    def _move_aside(self) -> None:
+        """Lock the store being replaced (refusing a live writer) and rename it to a sibling."""
+        old = StoreLock(self.path).acquire()
+        aside = sibling(self.path, "replaced")
+        try:
+            os.rename(self.path, aside)
+            old.moved(aside)
+        finally:
+            old.release()
+        self._aside = aside
+
+    @property
+    def completed(self) -> set[str]:
+        """Entry paths never (re)written by this capture: complete in the store when it was opened
+        (resume), plus those submitted since."""
+        return set(self._done)
 
     def __enter__(self) -> Capture:
-        self.root = self._open_store()
-        total = None
-        if self.layers is not None and self.steps is not None:
-            total = len(self.layers) * len(self.steps) - len(self._done)
-        self.writer = StoreWriter(self.root, total=total, where=str(self.path), **self._writer_kw)
         if self.model is not None:
+            # Layers and heads are checked against the model before the store exists.
             self.interceptor = AttentionInterceptor(
                 self.model, self._handle, layers=self.layers, include_refiner=self.include_refiner
             )
-            self.interceptor.step = self._step
-            self.interceptor.__enter__()
+            self.interceptor.check_layers()
+            self._check_heads()
+        try:
+            self.root = self._open_store()
+            total = None
+            if self.layers is not None and self.steps is not None:
+                total = len(self.layers) * len(self.steps) - len(self._done)
+            self.writer = StoreWriter(self.root, total=total, where=str(self.path),
+                                      **self._writer_kw)
+            if self.interceptor is not None:
+                self.interceptor.step = self._step
+                self.interceptor.__enter__()
+        except BaseException:
+            if self.writer is not None:
+                self._close_quietly()
+            self._finish(ok=False)
+            raise
         return self
 
+    def _check_heads(self) -> None:
+        cfg = getattr(self.model, "config", None)
+        H = getattr(cfg, "num_attention_heads", None) if is_h3_model(self.model) else None
+        if self.heads is not None and H is not None:
+            bad = [h for h in self.heads if not 0 <= h < H]
+            if bad:
+                raise ValueError(f"heads: {bad} out of range for a model with {H} query heads "
+                                 f"(0-{H - 1})")
+
     def __exit__(self, exc_type, exc, tb) -> None:
+        ok = False
         try:
             if self.interceptor is not None:
                 self.interceptor.__exit__(exc_type, exc, tb)
         finally:
             if exc_type is None:
-                self.stats = self.writer.close()
-                self.root.attrs.update({"last_closed_unix": time.time()})
+                try:
+                    self.stats = self.writer.close()
+                    self.root.attrs.update({"last_closed_unix": time.time()})
+                    ok = True
+                finally:
+                    self._finish(ok=ok)
+                self._check_steps_reached()
             else:
                 self.stats = self._close_quietly()
+                self._finish(ok=False)
+
+    def _check_steps_reached(self) -> None:
+        """Requested steps the run never reached (and the store does not hold) are an error, not
+        a silently smaller store: e.g. steps=[49] with a 50-point grid, whose steps are 0-48."""
+        if self.steps is None:
+            return
+        held = {p.split("/")[1] for p in self._done}
+        missing = [s for s in self.steps
+                   if s not in self._seen_steps and entry_path(s, "x").split("/")[1] not in held]
+        if missing:
+            reached = sorted(s for s in self._seen_steps if s is not None)
+            ran = f"steps {reached[0]}-{reached[-1]}" if reached else "no step"
+            raise CaptureStoreError(
+                f"{self.path}: steps {missing} were requested (--steps) but the run never reached "
+                f"them (it ran {ran}); the entries of the steps it ran are complete. Pick steps "
+                f"inside the sampler's schedule"
+            )
+
+    def _finish(self, ok: bool) -> None:
+        """Release the lock; on failure with no entry complete, undo what this capture created
+        and put a replaced store back; after success, delete the replaced store."""
+        completed = self.writer.stats.entries if self.writer is not None else 0
+        undo = not ok and completed == 0
+        try:
+            if undo and self._created:
+                # Only the store-owned names this capture wrote, while still holding the lock.
+                remove_store_files(self.path, keep_lock=True)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+        if undo:
+            remove_made_dirs(self._made)
+            if self._aside is not None and not self.path.exists():
+                os.rename(self._aside, self.path)  # the replaced store comes back untouched
+                self._aside = None
+        if self._aside is not None:
+            if ok:
+                remove_store(self._aside)
+            else:
+                warnings.warn(f"{self.path}: the capture failed; the store it was replacing is "
+                              f"kept at {self._aside}", stacklevel=3)
+            self._aside = None
 
     def _close_quietly(self) -> WriterStats | None:
         try:
@@ -220,10 +403,12 @@ class Capture:
         except CaptureStoreError:
             return None  # the body's own exception is the one to show
 
+
     # step -----------------------------------------------------------------------------------------
     def step(self, i: int | None, timestep: float | None = None) -> None:
         """Set the current denoising step (and optionally its timestep / sigma value)."""
         self._step = None if i is None else int(i)
+        self._seen_steps.add(self._step)
         self._timestep = None if timestep is None else float(timestep)
         if self.interceptor is not None:
             self.interceptor.step = self._step
@@ -257,6 +442,7 @@ class Capture:
         return self._submit(name, layer, step, q, k, v, source="record", layout="BSHD", kwargs={})
 
     def _submit(self, name, layer, step, q, k, v, *, source, layout, kwargs) -> bool:
+        self._seen_steps.add(step)
         path = entry_path(step, name)
         if path in self._done:
             self.skipped.append(path)
@@ -315,7 +501,7 @@ def capture(model, path, layers=None, steps=None, heads=None, query_rows=None, *
 
     ::
 
-        with capture(model, "captures/run.zarr", layers=[0, 20, 41], steps=[0, 10, 49]) as cap:
+        with capture(model, "captures/run.zarr", layers=[0, 20, 41], steps=[0, 10, 48]) as cap:
             for i, t in enumerate(timesteps):
                 cap.step(i, timestep=t)
                 model(...)

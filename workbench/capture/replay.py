@@ -21,14 +21,30 @@ import zarr
 from workbench.attention import SegmentLayout
 
 from .schema import (
+    CHUNK_RECORD,
     STATUS_COMPLETE,
     CaptureStoreError,
     ChecksumError,
     IncompleteEntryError,
+    MetadataError,
+    MissingChunkError,
     check_schema,
     from_numpy_bits,
     torch_dtype,
 )
+from .validate import (
+    BLOCK_NAME,
+    array_names,
+    attributes_of,
+    array_problems,
+    chunk_keys,
+    entry_problems,
+    group_problems,
+    load_json,
+    root_problems,
+)
+
+UNREADABLE, INVALID = "unreadable", "invalid"  # statuses of entries whose metadata is damaged
 
 
 @dataclass(frozen=True)
@@ -39,12 +55,13 @@ class EntryInfo:
     name: str
     layer: int | None
     step: int | None
-    status: str  # "complete" | "writing" (started, never finished) | "unreadable"
+    status: str  # "complete" | "writing" (started, never finished) | "unreadable" | "invalid"
     torch_dtype: str | None
     shape_q: tuple[int, ...] | None
     shape_kv: tuple[int, ...] | None
     nbytes: int
     timestep: float | None = None
+    problem: str | None = None  # why the entry's metadata is unreadable / invalid
 
     @property
     def complete(self) -> bool:
@@ -64,22 +81,31 @@ def bits_to_float32(a: np.ndarray, dtype_name: str) -> np.ndarray:
 class CaptureReader:
     """A capture store opened for reading. Safe to open while a writer is still filling it."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, strict: bool = True):
+        """strict=False opens a store whose root attributes break the schema (``verify`` lists
+        the problems); by default such a store is refused, naming the file and field."""
         self.path = Path(path)
-        if not (self.path / "zarr.json").exists():
+        root_file = self.path / "zarr.json"
+        if not root_file.exists():
             raise FileNotFoundError(f"{self.path}: no capture store here (no zarr.json)")
+        meta = load_json(root_file, str(root_file))
+        check_schema(attributes_of(meta), str(self.path))
+        self.root_problems = root_problems(meta, str(root_file))
+        if strict and self.root_problems:
+            raise MetadataError(self.root_problems[0] + "; see workbench inspect --verify")
         try:
             self.root = zarr.open_group(str(self.path), mode="r")
         except Exception as exc:  # noqa: BLE001 - say which store, keep the cause
             raise CaptureStoreError(f"{self.path}: cannot open store: {exc}") from exc
         self.attrs: dict[str, Any] = dict(self.root.attrs)
-        check_schema(self.attrs, str(self.path))
         self._entries: list[EntryInfo] | None = None
+        self._meta: dict[str, tuple[dict, dict]] = {}  # entry path -> (attrs, {array: metadata})
 
     # listing --------------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Re-list entries (a writer may have completed more since the last listing)."""
         self._entries = None
+        self._meta = {}
         self.attrs = dict(zarr.open_group(str(self.path), mode="r").attrs)
 
     def entries(self, include_incomplete: bool = True) -> list[EntryInfo]:
@@ -99,22 +125,26 @@ class CaptureReader:
             for entry_dir in sorted(p for p in step_dir.iterdir() if p.is_dir()):
                 rel = f"entries/{step_dir.name}/{entry_dir.name}"
                 try:
-                    meta = json.loads((entry_dir / "zarr.json").read_text())
-                    a = meta.get("attributes", {})
-                except (OSError, ValueError):
-                    out.append(EntryInfo(rel, entry_dir.name, None, None, "unreadable", None,
-                                         None, None, 0))
+                    a = load_json(entry_dir / "zarr.json", f"{self.path}/{rel}/zarr.json")
+                    a = attributes_of(a)
+                except MetadataError as exc:
+                    step, layer = _folder_step_layer(step_dir.name, entry_dir.name)
+                    out.append(EntryInfo(rel, entry_dir.name, layer, step, UNREADABLE, None,
+                                         None, None, 0, problem=str(exc)))
                     continue
-                sq, skv = a.get("shape_q"), a.get("shape_kv")
-                isz = torch.empty((), dtype=torch_dtype(a["torch_dtype"])).element_size() \
-                    if a.get("torch_dtype") else 0
-                nbytes = (int(np.prod(sq)) + 2 * int(np.prod(skv))) * isz if sq and skv else 0
+                problems = entry_problems(a, f"{self.path}/{rel}/zarr.json", rel)
+                if problems:
+                    step, layer = _folder_step_layer(step_dir.name, entry_dir.name)
+                    out.append(EntryInfo(rel, entry_dir.name, layer, step, INVALID, None, None,
+                                         None, 0, problem="; ".join(problems)))
+                    continue
+                sq, skv = a["shape_q"], a["shape_kv"]
+                isz = torch.empty((), dtype=torch_dtype(a["torch_dtype"])).element_size()
+                nbytes = (int(np.prod(sq)) + 2 * int(np.prod(skv))) * isz
                 out.append(EntryInfo(
-                    path=rel, name=a.get("name", entry_dir.name), layer=a.get("layer"),
-                    step=a.get("step"), status=a.get("status", "unreadable"),
-                    torch_dtype=a.get("torch_dtype"),
-                    shape_q=tuple(sq) if sq else None, shape_kv=tuple(skv) if skv else None,
-                    nbytes=nbytes, timestep=a.get("timestep"),
+                    path=rel, name=a["name"], layer=a.get("layer"), step=a.get("step"),
+                    status=a["status"], torch_dtype=a["torch_dtype"], shape_q=tuple(sq),
+                    shape_kv=tuple(skv), nbytes=nbytes, timestep=a.get("timestep"),
                 ))
         out.sort(key=lambda e: (e.step if e.step is not None else -1,
                                 e.layer if e.layer is not None else -1, e.name))
@@ -146,7 +176,7 @@ class CaptureReader:
 
     @property
     def rotated_channels(self) -> int | None:
-        return self.attrs.get("rotated_channels")
+        return _int_or_none(self.attrs.get("rotated_channels"))
 
     @property
     def recipe(self):
@@ -164,9 +194,17 @@ class CaptureReader:
         if not matches:
             have = sorted({(e.step, e.layer if e.layer is not None else e.name)
                            for e in self.entries(False)}, key=str)
+            damaged = [e.path for e in self.entries() if e.problem is not None]
+            note = (f"; {len(damaged)} entr{'y has' if len(damaged) == 1 else 'ies have'} "
+                    f"damaged metadata (workbench inspect --verify): {damaged[:3]}"
+                    if damaged else "")
             raise KeyError(f"{self.path}: no entry at step={step} layer={layer!r}; complete "
-                           f"entries (step, layer): {have[:20]}{' ...' if len(have) > 20 else ''}")
+                           f"entries (step, layer): {have[:20]}{' ...' if len(have) > 20 else ''}"
+                           f"{note}")
         e = matches[0]
+        if e.status in (UNREADABLE, INVALID):
+            raise MetadataError(f"{self.path}: entry {e.path} (step={step}, layer={layer}) has "
+                                f"damaged metadata: {e.problem}")
         if not e.complete:
             raise IncompleteEntryError(
                 f"{self.path}: entry {e.path} (step={step}, layer={layer}) is incomplete "
@@ -175,7 +213,40 @@ class CaptureReader:
             )
         return e
 
+    def entry_metadata(self, e: EntryInfo) -> tuple[dict, dict]:
+        """(entry attributes, {array: zarr metadata}) checked against the schema; MetadataError
+        naming the file and field otherwise."""
+        if e.path not in self._meta:
+            attrs, arrays, problems = _entry_check(self.path, e)
+            if problems:
+                more = (f" (and {len(problems) - 1} more problem(s); see workbench inspect "
+                        f"--verify)" if len(problems) > 1 else "")
+                raise MetadataError(problems[0] + more)
+            self._meta[e.path] = (attrs, arrays)
+        return self._meta[e.path]
+
+    def _require_chunks(self, e: EntryInfo, array: str) -> None:
+        """Every chunk the entry records for ``array`` must be on disk: zarr reads a missing
+        chunk as its fill value (zeros), which would pass for data."""
+        attrs, _ = self.entry_metadata(e)
+        record = attrs.get(CHUNK_RECORD)
+        if record is None:
+            return  # written before chunk records existed (see verify)
+        keys = record.get(array)
+        if keys is None:
+            raise MissingChunkError(f"{self.path}: entry {e.path} has no chunk record for array "
+                                    f"{array!r}")
+        folder = self.path / e.path / array
+        missing = [k for k in keys if not (folder / k).is_file()]
+        if missing:
+            raise MissingChunkError(
+                f"{self.path}: entry {e.path} (step={e.step}, layer={e.layer}, name={e.name}), "
+                f"array {array!r}: chunk {missing[0]} is missing ({len(missing)} of {len(keys)} "
+                f"recorded chunks gone); its values cannot be read back (zarr would return zeros)"
+            )
+
     def _read(self, e: EntryInfo, array: str, selection) -> np.ndarray:
+        self._require_chunks(e, array)
         try:
             arr = self.root[f"{e.path}/{array}"]
             return arr.get_orthogonal_selection(selection)
@@ -203,7 +274,7 @@ class CaptureReader:
         When the capture kept only some query rows, q holds those rows (see ``query_rows``).
         """
         e = self.find(step, layer)
-        meta = self.root[e.path].attrs
+        meta, _ = self.entry_metadata(e)
         q_heads, kv_heads = list(meta["q_heads"]), list(meta["kv_heads"])
         q_sel, kv_sel = slice(None), slice(None)
         if heads is not None:
@@ -228,23 +299,51 @@ class CaptureReader:
     def query_rows(self, step: int | None, layer: int | str) -> torch.Tensor | None:
         """The q rows kept for this entry, or None when every row was kept."""
         e = self.find(step, layer)
-        if not self.root[e.path].attrs.get("has_query_rows"):
+        if not self.entry_metadata(e)[0].get("has_query_rows"):
             return None
         return torch.from_numpy(self._read(e, "q_rows", (slice(None),)))
 
     def verify(self) -> list[str]:
-        """Read every chunk of every complete entry; return one problem line per failure."""
-        problems = []
+        """Check every metadata file against the schema and every chunk of every complete entry
+        against its crc32c and the entry's chunk record; one line per problem, all of them."""
+        return self.verify_report()[0]
+
+    def verify_report(self) -> tuple[list[str], list[str]]:
+        """(problems, notes): ``verify`` plus notes that are not errors (e.g. entries written
+        before chunk records existed, whose missing chunks cannot be told from all-zero ones)."""
+        problems: list[str] = list(self.root_problems)
+        unrecorded: list[str] = []
+        base = self.path / "entries"
+        group_dirs = [base, *sorted(p for p in base.iterdir() if p.is_dir())] \
+            if base.is_dir() else []
+        for d in group_dirs:
+            f = d / "zarr.json"
+            try:
+                problems += group_problems(load_json(f, str(f)), str(f))
+            except MetadataError as exc:
+                problems.append(str(exc))
         for e in self.entries():
+            if e.status in (UNREADABLE, INVALID):
+                problems.append(e.problem or f"{e.path}: {e.status}")
+                continue
             if not e.complete:
                 problems.append(f"{e.path}: incomplete (status {e.status})")
                 continue
-            for name in ("q", "k", "v"):
-                try:
-                    self._read(e, name, (slice(None),) * 4)
-                except CaptureStoreError as exc:
-                    problems.append(str(exc))
-        return problems
+            attrs, arrays, entry_bad = _entry_check(self.path, e)
+            problems += entry_bad
+            if entry_bad:
+                continue
+            if CHUNK_RECORD not in attrs:
+                unrecorded.append(e.path)
+            for name, meta in arrays.items():
+                problems += _chunk_problems(self, e, name, meta, attrs.get(CHUNK_RECORD))
+        notes = []
+        if unrecorded:
+            notes.append(
+                f"{len(unrecorded)} complete entr{'y' if len(unrecorded) == 1 else 'ies'} predate "
+                f"chunk records (no {CHUNK_RECORD} attribute): their chunks were checked against "
+                f"the array's chunk grid; first: {unrecorded[0]}")
+        return problems, notes
 
     # xarray ---------------------------------------------------------------------------------------
     def to_xarray(self, decode: bool = False):
@@ -276,6 +375,8 @@ class CaptureReader:
                 row = []
                 for lay in layers:
                     e = by_key.get((s, lay))
+                    if e is not None:
+                        self._require_chunks(e, var)
                     if e is None:
                         np_dt = self.root[f"{first.path}/{var}"].dtype
                         row.append(da.zeros(shape, dtype=np_dt))
@@ -312,6 +413,101 @@ class CaptureReader:
         return ds
 
 
-def open_capture(path: str | os.PathLike) -> CaptureReader:
-    """Open a capture store for replay (refuses unknown / newer schema versions)."""
-    return CaptureReader(path)
+def _int_or_none(x):
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _entry_check(store: Path, e: EntryInfo) -> tuple[dict, dict, list[str]]:
+    """(attrs, {array: metadata}, problems) of one entry, every problem naming its file."""
+    f = store / e.path / "zarr.json"
+    try:
+        meta = load_json(f, str(f))
+    except MetadataError as exc:
+        return {}, {}, [str(exc)]
+    attrs = attributes_of(meta)
+    problems = group_problems(meta, str(f)) + entry_problems(attrs, str(f), e.path)
+    arrays: dict = {}
+    if problems:
+        return attrs, arrays, problems
+    for name in array_names(attrs):
+        af = store / e.path / name / "zarr.json"
+        try:
+            meta = load_json(af, str(af))
+        except MetadataError as exc:
+            problems.append(str(exc))
+            continue
+        bad = array_problems(meta, str(af), name, attrs)
+        problems += bad
+        if not bad:
+            arrays[name] = meta
+    record = attrs.get(CHUNK_RECORD)
+    if record is not None:
+        for name, meta in arrays.items():
+            keys = record.get(name)
+            if keys is None or set(keys) != set(chunk_keys(meta)):
+                problems.append(f"{f}: {CHUNK_RECORD} for array {name!r} lists "
+                                f"{None if keys is None else len(keys)} chunks, the array's grid "
+                                f"has {len(chunk_keys(meta))}")
+    return attrs, arrays, problems
+
+
+def _chunk_problems(reader: CaptureReader, e: EntryInfo, name: str, meta: dict,
+                    record: dict | None) -> list[str]:
+    """One array of one complete entry: every chunk file present, its stored crc32c equal to the
+    one recorded at write time (a chunk swapped for another passes its own checksum), then every
+    chunk decoded through zarr (each chunk's bytes against its crc32c, and the metadata decoding
+    them to the array's shape)."""
+    import google_crc32c
+
+    out = []
+    folder = reader.path / e.path / name
+    where = f"{reader.path}: entry {e.path} array {name!r}"
+    keys = chunk_keys(meta)
+    for key in keys:
+        f = folder / key
+        try:
+            size = f.stat().st_size
+        except FileNotFoundError:
+            why = ("recorded at write time" if record is not None else
+                   "no chunk record: an all-zero chunk written without write_empty_chunks would "
+                   "also be absent")
+            out.append(f"{where}: chunk {key} is missing ({why})")
+            continue
+        want = (record or {}).get(name, {}).get(key)
+        if size < 4:
+            out.append(f"{where}: checksum mismatch in chunk {key}: {size} bytes, truncated")
+        elif want is not None:
+            with open(f, "rb") as fh:
+                fh.seek(-4, os.SEEK_END)
+                if int.from_bytes(fh.read(4), "little") != want:
+                    out.append(f"{where}: checksum mismatch in chunk {key}: the crc32c stored "
+                               f"with it differs from the one recorded when the entry was "
+                               f"written (a corrupt or replaced chunk)")
+    if out:
+        return out
+    try:
+        reader._read(e, name, (slice(None),) * len(meta["shape"]))
+    except ChecksumError as exc:
+        for key in keys:  # name the chunk(s)
+            data = (folder / key).read_bytes()
+            if google_crc32c.value(data[:-4]) != int.from_bytes(data[-4:], "little"):
+                out.append(f"{where}: checksum mismatch in chunk {key} ({len(data)} bytes): the "
+                           f"stored chunk is corrupt")
+        out = out or [str(exc)]
+    except CaptureStoreError as exc:
+        out.append(str(exc))
+    return out
+
+
+def _folder_step_layer(step_dir: str, entry_dir: str) -> tuple[int | None, int | None]:
+    """(step, layer) an entry's folder names (s00003 / transformer_blocks.1), for entries whose
+    metadata cannot say: so that asking for them names the damage instead of 'no entry'."""
+    step = int(step_dir[1:]) if step_dir[1:].isdigit() else None
+    block = BLOCK_NAME.fullmatch(entry_dir)
+    return step, int(block[1]) if block else None
+
+
+def open_capture(path: str | os.PathLike, strict: bool = True) -> CaptureReader:
+    """Open a capture store for replay (refuses unknown / newer schema versions, and root
+    attributes that break the schema unless ``strict=False``)."""
+    return CaptureReader(path, strict=strict)

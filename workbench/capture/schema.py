@@ -10,9 +10,10 @@ Layout of a store (zarr v3 directory)::
                                           set
 
 An entry's arrays are written first; its ``status`` attribute turns from "writing" to "complete"
-only
-after every chunk is on disk (zarr's LocalStore writes each key with write-to-temp + rename), so a
-reader never mistakes a partial entry for a complete one.
+only after every chunk is on disk (zarr's LocalStore writes each key with write-to-temp + rename),
+so a reader never mistakes a partial entry for a complete one. The completion marker carries the
+entry's chunk record (``chunk_crc32c``: every chunk key of every array and its crc32c), so a chunk
+file that later goes missing is an error instead of zarr's fill value.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ SCHEMA_VERSION = 1
 ENTRIES_GROUP = "entries"
 STATUS_WRITING = "writing"
 STATUS_COMPLETE = "complete"
+# Entry attribute written with the completion marker: {array: {chunk key: crc32c}}.
+CHUNK_RECORD = "chunk_crc32c"
+# Lock file a writer holds inside the store (pid, host, start time); see lock.py.
+LOCK_NAME = ".workbench-writer.lock"
 QKV = ("q", "k", "v")
 DIMS = ("batch", "token", "head", "channel")
 
@@ -59,6 +64,23 @@ class ChecksumError(CaptureStoreError):
 
 class IncompleteEntryError(CaptureStoreError):
     """The entry was started but never completed (the capture was killed mid-write)."""
+
+
+class MissingChunkError(CaptureStoreError):
+    """A chunk the entry records is not on disk (zarr would read it back as zeros)."""
+
+
+class MetadataError(CaptureStoreError):
+    """A metadata file of the store (root, step, entry or array JSON) is unreadable or does not
+    follow the schema; the message names the file and the field."""
+
+
+class StoreLockedError(CaptureStoreError):
+    """Another live writer holds the store's lock; the message names the holder."""
+
+
+class RunMismatchError(CaptureStoreError):
+    """``--resume`` of a store captured from a different run (model, seed, prompt, ...)."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:

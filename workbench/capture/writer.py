@@ -17,7 +17,12 @@ reads
 (data, then the little-endian crc32c of the data). No temp file + rename per chunk: the entry is
 only visible once its ``status`` marker says complete, which is written after every chunk, so a
 torn chunk can only belong to an entry flagged incomplete (and rewritten on resume). With a
-compressor (``zstd``) the chunks go through zarr's own array write.
+compressor (``zstd``) the chunks go through zarr's own array write (every chunk written, all-zero
+ones included, so that a missing file always means a lost chunk).
+
+The completion marker carries the entry's chunk record, ``chunk_crc32c`` = {array: {chunk key:
+crc32c of the stored bytes}}: readers refuse an entry whose recorded chunk is missing, and verify
+compares every chunk file with its record.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
 from zarr.storage import LocalStore
 
 from .schema import (
+    CHUNK_RECORD,
     DIMS,
     STATUS_COMPLETE,
     STATUS_WRITING,
@@ -419,19 +425,21 @@ class StoreWriter:
         t0 = time.perf_counter()
         attrs = dict(item.attrs, status=STATUS_WRITING, compressor=self.compressor)
         group = self.root.create_group(item.path, overwrite=True, attributes=attrs)
-        jobs: list = []
+        jobs: list = []  # (array name, chunk key, future of the chunk's crc32c)
+        record: dict[str, dict[str, int | None]] = {}
         try:
-            self._write_arrays(item, group, jobs)
+            self._write_arrays(item, group, jobs, record)
         except BaseException:
-            wait_futures(jobs)  # no chunk thread may still read memory the caller recycles
+            wait_futures([f for _, _, f in jobs])  # no chunk thread may still read recycled memory
             raise
         # Every chunk must be on disk (or failed) before the marker, and before the pinned region
         # the chunks read from is recycled (the caller frees it after this returns).
-        wait_futures(jobs)
-        for f in jobs:
-            f.result()
-        # The completion marker: written only after every chunk above is on disk.
-        group.attrs.update({"status": STATUS_COMPLETE, "completed_unix": time.time()})
+        wait_futures([f for _, _, f in jobs])
+        for name, key, f in jobs:
+            record.setdefault(name, {})[key] = f.result()
+        # The completion marker, with the chunk record: written only after every chunk is on disk.
+        group.attrs.update({"status": STATUS_COMPLETE, "completed_unix": time.time(),
+                            CHUNK_RECORD: record})
         self.stats.write_seconds += time.perf_counter() - t0
         self.stats.entries += 1
         self.stats.bytes += item.nbytes
@@ -440,7 +448,8 @@ class StoreWriter:
             self._bar.update(1)
             self._bar.set_postfix_str(f"{self.stats.mb_per_s:.0f} MiB/s", refresh=False)
 
-    def _write_arrays(self, item: PendingEntry, group: zarr.Group, jobs: list) -> None:
+    def _write_arrays(self, item: PendingEntry, group: zarr.Group, jobs: list,
+                      record: dict) -> None:
         for name, t in item.arrays.items():
             if name != "q_rows" and not t.is_floating_point():
                 raise TypeError(f"array {name!r}: dtype {t.dtype} is not a storable float dtype")
@@ -459,13 +468,16 @@ class StoreWriter:
                 dimension_names=dims,
                 attributes={"torch_dtype": dtype_name(t.dtype)} if t.is_floating_point() else {},
                 overwrite=True,
+                config={"write_empty_chunks": True},
             )
             if not self.direct:
                 arr[...] = data
+                record[name] = chunk_record(arr)
                 continue
             folder = Path(self.root.store.root) / self.root.path / item.path / name
-            for job in _chunk_jobs(arr, data, chunks, folder):
-                jobs.append(self._chunk_pool.submit(self._write_chunk, *job))
+            for path, src, cshape, key in _chunk_jobs(arr, data, chunks, folder):
+                jobs.append((name, key, self._chunk_pool.submit(self._write_chunk, path, src,
+                                                                  cshape)))
 
     # chunk threads --------------------------------------------------------------------------------
     def _scratch(self, n: int) -> np.ndarray:
@@ -474,10 +486,10 @@ class StoreWriter:
             buf = self._local.buf = np.empty(n, dtype=np.uint8)
         return buf[:n]
 
-    def _write_chunk(self, path: Path, src: np.ndarray, cshape: tuple[int, ...]) -> None:
+    def _write_chunk(self, path: Path, src: np.ndarray, cshape: tuple[int, ...]) -> int:
         """Write one chunk file as zarr's bytes -> crc32c chain stores it: the C-order chunk
         bytes (edge chunks padded with the fill value 0 to the full chunk shape), then the crc32c
-        of those bytes as a little-endian uint32."""
+        of those bytes as a little-endian uint32. Returns the crc32c."""
         if src.shape == cshape and src.flags.c_contiguous:
             payload = src  # one contiguous slab of the host tensor: no copy
         else:
@@ -493,36 +505,66 @@ class StoreWriter:
             # google_crc32c holds the GIL: checksum in pieces so that the capturing thread (the
             # one launching the forward's kernels) gets the GIL back every ~0.3 ms, not every 5.
             crc = google_crc32c.extend(crc, flat[off:off + CRC_PIECE])
-        crc = struct.pack("<I", crc)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             while mv:
                 mv = mv[os.write(fd, mv):]
-            os.write(fd, crc)
+            os.write(fd, struct.pack("<I", crc))
         finally:
             os.close(fd)
+        return crc
+
+
+def chunk_record(arr: zarr.Array) -> dict[str, int | None]:
+    """{chunk key: crc32c} of every chunk of ``arr`` as stored (the crc32c codec's trailing 4
+    bytes); crc None where the store is not a local directory."""
+    keys = [arr.metadata.encode_chunk_key(idx) for idx in np.ndindex(*arr.cdata_shape)]
+    store = arr.store
+    if not isinstance(store, LocalStore):
+        return dict.fromkeys(keys)
+    folder = Path(store.root) / arr.path
+    out = {}
+    for key in keys:
+        with open(folder / key, "rb") as f:
+            f.seek(-4, os.SEEK_END)
+            out[key] = struct.unpack("<I", f.read(4))[0]
+    return out
 
 
 def _chunk_jobs(arr, data: np.ndarray, chunks: tuple[int, ...], folder: Path):
-    """(file path, source slice, chunk shape) for every chunk of ``data``; makes the folders."""
+    """(file path, source slice, chunk shape, chunk key) for every chunk of ``data``; makes the
+    folders."""
     grid = [range(0, n, c) for n, c in zip(data.shape, chunks)]
     made = set()
     for starts in np.ndindex(*[len(g) for g in grid]):
         lo = [g[i] for g, i in zip(grid, starts)]
         sel = tuple(slice(a, min(a + c, n)) for a, c, n in zip(lo, chunks, data.shape))
-        path = folder / arr.metadata.encode_chunk_key(tuple(starts))
+        key = arr.metadata.encode_chunk_key(tuple(starts))
+        path = folder / key
         if path.parent not in made:
             path.parent.mkdir(parents=True, exist_ok=True)
             made.add(path.parent)
-        yield path, data[sel], tuple(chunks)
+        yield path, data[sel], tuple(chunks), key
+
+
+_DISK_FULL = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
+              errno.EFBIG: "file size limit reached"}
+
+
+def describe_os_error(exc: OSError, where: str, doing: str) -> CaptureStoreError:
+    """One line for an OSError while ``doing`` something to the store at ``where``."""
+    name = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    if exc.errno in _DISK_FULL:
+        return CaptureStoreError(f"{where}: {_DISK_FULL[exc.errno]} while {doing}{name}; free "
+                                 f"space, then resume (--resume)")
+    return CaptureStoreError(f"{where}: {doing} failed: {exc.strerror or exc}{name}")
 
 
 def _describe(exc: BaseException, path: str, where: str) -> CaptureWriteError:
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        what = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
-                errno.EFBIG: "file size limit reached"}[exc.errno]
-        msg = (f"{where}: {what} while writing entry {path} ({exc}); entries completed before it "
-               f"are kept and the store reopens with them; free space, then resume")
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        msg = (f"{where}: {_DISK_FULL[exc.errno]} while writing entry {path} ({exc}); entries "
+               f"completed before it are kept and the store reopens with them; free space, then "
+               f"resume (--resume)")
     else:
         msg = f"{where}: writing entry {path} failed: {type(exc).__name__}: {exc}"
     err = CaptureWriteError(msg)

@@ -59,6 +59,8 @@ class RecipeEval:
     block: int
     row_sq_err: torch.Tensor  # [n] output squared error per sampled row (mean over B, H, D)
     seconds: float
+    # [n, H] the same per selected head (mean over B, D): per-head bootstrap intervals (scan)
+    row_sq_err_heads: torch.Tensor | None = None
 
 
 @dataclass
@@ -226,6 +228,7 @@ def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer, caus
                        **{f"v_{g}": x for g, x in drift_summary(dv, rotated).items()}},
         exact_fraction=res.exact_fraction, block_map=block_map, block=block,
         row_sq_err=bm.row_sq_err.cpu(), seconds=time.perf_counter() - t1,
+        row_sq_err_heads=(res.out.double() - ref.double()).pow(2).mean(dim=(0, 3)).cpu(),
     )
 
 

@@ -27,7 +27,9 @@ def shipped_stores(root: Path | str = CAPTURES_DIR) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "zarr.json").exists())
+    # Scan stores (`workbench scan`) live beside their capture and are not captures.
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "zarr.json").exists()
+                  and not p.name.endswith(".scan.zarr"))
 
 
 def find_store(store: str | Path | None = None) -> Path:

@@ -12,20 +12,9 @@ import argparse
 import time
 from pathlib import Path
 
+from workbench.cli_args import check_device, check_out_dir, nonneg_int, parse_int_list
+
 DEFAULT_PROMPT = "a red ball bouncing"
-
-
-def _int_list(text: str | None) -> list[int] | None:
-    if text is None or text in ("all", ""):
-        return None
-    out: list[int] = []
-    for part in text.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    return out
 
 
 def _dtype(name: str, device: str):
@@ -42,6 +31,15 @@ def _dtype(name: str, device: str):
         ) from None
 
 
+def _check_common(args) -> None:
+    """Checks that need no model: run before anything is loaded."""
+    if args.steps is not None and args.steps < 2:
+        raise ValueError(f"--steps: need at least 2 sigma grid points (1 model call), got "
+                         f"{args.steps}")
+    check_device(args.device)
+    _dtype(args.dtype, args.device)
+
+
 def _load(args):
     import torch
 
@@ -55,25 +53,36 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="h3-nano", help="h3-nano | h3-tiny | PATH (local only)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="names a class: red/green/blue/yellow")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="sigma grid points (default: model's)")
-    p.add_argument("--dense-steps", type=int, default=None, help="override the recipe's")
-    p.add_argument("--dense-layers", type=int, default=None, help="override the recipe's")
+    p.add_argument("--steps", type=int, default=None,
+                   help="sigma grid points, at least 2 (default: the model's)")
+    p.add_argument("--dense-steps", type=nonneg_int, default=None, help="override the recipe's")
+    p.add_argument("--dense-layers", type=nonneg_int, default=None, help="override the recipe's")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA, fp32 on CPU) | ...")
     p.add_argument("--backend", default=None, help="auto | reference | kernel")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    p.add_argument("--threads", type=nonneg_int, default=0, help="torch CPU threads (0: default)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def cmd_generate(args) -> int:
     from .run import generate, write_clip
 
+    _check_common(args)
+    check_out_dir(args.out)
+    layers = parse_int_list(args.layers, "--layers")
+    capture_steps = parse_int_list(args.capture_steps, "--capture-steps")
+    if args.capture is not None:
+        cap = Path(args.capture)
+        if cap.exists() and (not cap.is_dir() or any(cap.iterdir())):
+            raise ValueError(f"--capture {cap}: already exists; generate writes a new capture "
+                             f"store (workbench capture --resume continues one): choose a new path")
+        check_out_dir(cap, "--capture")
     h3 = _load(args)
     clip = generate(
         h3, args.prompt, seed=args.seed, steps=args.steps, recipe=args.recipe,
         dense_steps=args.dense_steps, dense_layers=args.dense_layers, backend=args.backend,
-        capture=args.capture, capture_layers=_int_list(args.layers),
-        capture_steps=_int_list(args.capture_steps), progress=not args.quiet,
+        capture=args.capture, capture_layers=layers,
+        capture_steps=capture_steps, progress=not args.quiet,
     )
     out = write_clip(clip, args.out)
     calls = clip.config["attention_calls"]
@@ -89,10 +98,13 @@ def cmd_compare(args) -> int:
 
     if args.recipes:
         if args.dirs:
-            raise ValueError("compare: give either two folders or --recipes, not both")
-        h3 = _load(args)
+            raise ValueError("give either two clip folders or --recipes, not both")
+        _check_common(args)
         recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-        out = Path(args.out or "runs/compare")
+        if not recipes:
+            raise ValueError("--recipes: empty; give recipes like bf16,fp8_sol_kv_corrected")
+        out = check_out_dir(args.out or "runs/compare")
+        h3 = _load(args)
         t0 = time.perf_counter()
         _, table = compare_recipes(
             h3, recipes, prompt=args.prompt, seed=args.seed, steps=args.steps, out=out,
@@ -106,9 +118,13 @@ def cmd_compare(args) -> int:
         print(f"\nwrote {out} in {time.perf_counter() - t0:.1f} s")
         return 0
     if len(args.dirs) != 2:
-        raise ValueError("compare: give two clip folders (A B) or --recipes r1,r2,...")
+        raise ValueError("give two clip folders (A B) or --recipes r1,r2,...")
     a, b = args.dirs
+    for d in (a, b):
+        if not Path(d).is_dir():
+            raise ValueError(f"{d}: not a clip folder (video.mp4 / clip.safetensors)")
     out = args.out or str(Path(b).parent / f"compare_{Path(a).name}_{Path(b).name}")
+    check_out_dir(out)
     m = compare_dirs(a, b, out)
     from workbench.metrics.media import media_table
 

@@ -148,6 +148,14 @@ def compare_dirs(dir_a: str | Path, dir_b: str | Path, out: str | Path | None = 
     return compare_clips(a, b, out, Path(dir_a).name, Path(dir_b).name)
 
 
+def _folder_name(spec: str) -> str:
+    """A clip folder name for a recipe spec: a plan / recipe file gives its stem (an absolute
+    path must not escape the output folder), a spec its text with ':' replaced."""
+    if spec.strip().endswith(".json") and not spec.strip().startswith("{"):
+        return Path(spec.strip()).stem
+    return spec.replace(":", "_").replace("/", "_")
+
+
 def compare_recipes(
     model,
     recipes: list[str],
@@ -175,11 +183,11 @@ def compare_recipes(
                             progress=progress)
         clips[r].config["seconds"] = round(time.perf_counter() - t0, 3)
         if out is not None:
-            write_clip(clips[r], Path(out) / r.replace(":", "_"))
+            write_clip(clips[r], Path(out) / _folder_name(r))
     ref = recipes[0]
     rows = {}
     for r in recipes:
-        sub = None if out is None or r == ref else Path(out) / f"compare_{r.replace(':', '_')}"
+        sub = None if out is None or r == ref else Path(out) / f"compare_{_folder_name(r)}"
         rows[r] = compare_clips(clips[ref], clips[r], sub, ref, r)
     table = media_table(rows, ref)
     if out is not None:

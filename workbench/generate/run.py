@@ -14,7 +14,6 @@ Output folder: ``video.mp4`` (frames enlarged for viewing, audio muxed in), ``au
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import time
@@ -54,16 +53,6 @@ def resolve_recipe(spec: str | AttentionRecipe | None, dense_steps: int | None =
     return r.with_(**over) if over else r
 
 
-def _sha256(path: Path) -> str | None:
-    if not path.exists():
-        return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def generate(
     h3,
     prompt: str | int | None = None,
@@ -87,7 +76,15 @@ def generate(
     (the tensors that enter attention, before the replacement computes the output).
     """
     from workbench.capture import AttentionInterceptor
+    from workbench.capture.identity import checkpoint_id
+    from workbench.cli_args import check_in_range
 
+    # Everything the run will need is checked before any work (the schedule, the capture
+    # selection, the recipe), so a typo fails in a second, not after the sampling.
+    grid = h3.grid_points(steps, "--steps")
+    h3.check_capture_steps(capture_steps, steps, "--capture-steps", "--steps")
+    check_in_range(None if capture_layers is None else [int(x) for x in capture_layers],
+                   len(h3.model.transformer_blocks), "--layers", h3.name, "blocks")
     rec = resolve_recipe(recipe, dense_steps, dense_layers)
     layout = h3.layout.segments
     cap_ctx = None
@@ -99,7 +96,9 @@ def generate(
             recipe=rec.to_json() if rec is not None else "native", seed=seed,
             prompt=str(prompt), progress=False,
             rotated_channels=2 * 3 * int(h3.model.config.rope_freq_dim),
-            extra_attrs={"model_name": h3.name,
+            extra_attrs={"model_name": h3.name, "checkpoint_id": checkpoint_id(h3.name),
+                         "model_dtype": str(h3.dtype).removeprefix("torch."),
+                         "sampling_grid_points": grid,
                          "h3_config": h3.config.to_dict() if h3.config else None},
             **(capture_kwargs or {}),
         )
@@ -127,25 +126,26 @@ def generate(
 
         if cap_ctx is not None:
             with cap_ctx:
-                sample = h3.sample(prompt, seed=seed, steps=steps, callback=on_step,
+                sample = h3.sample(prompt, seed=seed, steps=grid, callback=on_step,
                                    progress=progress)
         else:
-            sample = h3.sample(prompt, seed=seed, steps=steps, callback=on_step, progress=progress)
+            sample = h3.sample(prompt, seed=seed, steps=grid, callback=on_step, progress=progress)
     seconds = time.perf_counter() - t0
 
     import diffusers
 
+    from workbench.capture.identity import file_sha256
     from workbench.models.registry import CHECKPOINTS
 
     ckpt = CHECKPOINTS.get(h3.name)
     cfg = {
         "model": h3.name,
         "model_config": h3.config.to_dict() if h3.config else dict(h3.model.config),
-        "checkpoint_sha256": _sha256(ckpt) if ckpt else None,
+        "checkpoint_sha256": file_sha256(ckpt) if ckpt else None,
         "prompt": prompt,
         "prompt_class": h3.config.classes[h3.class_of(prompt)] if h3.config else None,
         "seed": seed,
-        "steps": steps or (h3.config.default_steps if h3.config else None),
+        "steps": grid,
         "video_shift": h3.config.video_shift if h3.config else None,
         "audio_shift": h3.config.audio_shift if h3.config else None,
         "recipe": json.loads(rec.to_json()) if rec is not None else "native",

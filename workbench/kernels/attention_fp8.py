@@ -27,17 +27,38 @@ Numerics:
 Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad] (``quantize.py``);
 head dim 64 or 128; non-causal; any S: the full key tiles run in the main loop without masks, the
 partial last tile (S % BLOCK_N keys) is peeled and runs once with the key mask.
+
+Block-sparse attention (``routing=``, a ``routing.BlockRouting``; torch twin: ``recipe_attention``
+with the ``fp8_sol_*`` recipes or an FP8 recipe with ``sparsity="vsa"``) is a compile-time
+specialization (SPARSE) of the same kernel, so the dense specialization compiles exactly as
+before (scripts/sass_stats.py: 512 SASS instructions per key tile, 168 registers, both forms):
+- each 64-row program walks its query block's list of exact key blocks (ascending) in tiles of
+  two 64-key blocks (``_list_tile``): one TMA box per block, or gathered loads; each half keeps
+  its own K scale (the two-scale fold of ``_softmax_pv``); V^T's token permutation stays within
+  32-token groups, so 64-key halves keep it. The unmasked tiles come first; an odd last entry and
+  the partial last key block of the sequence form one masked tile, as the dense peeled tile. With
+  every block exact the tiles, their order and their masks are the dense kernel's: the same bits;
+- Sol's summary route (``_summary_step``, after the exact tiles) adds the other blocks to the same
+  online softmax: w = 2^(q . kc_j * c - m) on vc_j and w * len_j on l, with kc_j in the exact
+  scores' K units and vc_j / s_v in acc's V units, products in BF16 / TF32 / FP32
+  (``SparseConfig.summary_precision``; the twin: FP32) with FP32 accumulation;
+- load balance (``config.SparseConfig``): a work list of query blocks, longest list first, and
+  / or KV splits (contiguous parts of each list, one program each, merged by ``_combine_kernel``
+  with the same epilogue).
+Like the dense kernel, each part rounds P against its own running max: KV splits change the FP8
+rounding of P, not the precision.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .config import DEFAULT, AttentionConfig
+from .config import DEFAULT, AttentionConfig, SparseConfig
 from .e4m3 import interpreting, round_p_to_e4m3, round_to_bf16
 
 LOG2E = 1.4426950408889634
@@ -64,50 +85,147 @@ def _key_tile(n0, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
         k = tl.load(K8 + (kbase + n0 + offs_n)[:, None] * HEAD_D + d[None, :])
         v = tl.load(V8T + (vbase + d)[None, :] * S_pad + (n0 + offs_n)[:, None])
     raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
-    return _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n, BLOCK_N,
+    s0 = tl.load(SK + skbase + n0 // SCALE_BLOCK)
+    s1 = s0
+    if BLOCK_N != SCALE_BLOCK:
+        s1 = tl.load(SK + skbase + n0 // SCALE_BLOCK + 1)
+    return _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, n0 + offs_n < S, offs_n, BLOCK_N,
                        SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P, P_LOG2_SCALE)
 
 
 @triton.jit
-def _softmax_pv(acc, l_i, m_i, raw, qs, v, SK, skbase, n0, S, offs_n,
+def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
+               HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+               MASK_KEYS: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
+               IMP_PV: tl.constexpr, PV_FMA: tl.constexpr, PERM_P: tl.constexpr,
+               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
+    """The sparse form of ``_key_tile``: the key tile made of the key blocks at entries e (and
+    e + 1 with 128-key tiles) of this query block's list ``lst`` (``cnt`` entries). Each 64-key
+    half keeps its own K scale (the two-scale fold of ``_softmax_pv``); V^T's token order is
+    permuted within 32-token groups only, so 64-key halves keep it. MASK_KEYS: the last tile of
+    the list, whose second half may be absent (odd count) and whose keys may pass S (the
+    partial last block)."""
+    K8, V8T, kd, vd, SK, kbase, vbase, skbase = tiles
+    j0 = tl.load(lst + e)
+    j1 = j0
+    if BLOCK_N != SCALE_BLOCK:
+        if MASK_KEYS:
+            j1 = tl.load(lst + tl.minimum(e + 1, cnt - 1))  # a repeat of j0 when absent: masked
+        else:
+            j1 = tl.load(lst + e + 1)
+    half0 = offs_n < SCALE_BLOCK
+    tok = tl.where(half0, j0 * SCALE_BLOCK + offs_n, j1 * SCALE_BLOCK + offs_n - SCALE_BLOCK)
+    if USE_TMA:  # one TMA box per 64-key block (descriptors with 64-row boxes)
+        k = kd.load([kbase + j0 * SCALE_BLOCK, 0])
+        vt = vd.load([vbase, j0 * SCALE_BLOCK])
+        if BLOCK_N != SCALE_BLOCK:
+            k1 = kd.load([kbase + j1 * SCALE_BLOCK, 0])
+            vt1 = vd.load([vbase, j1 * SCALE_BLOCK])
+            k = tl.reshape(tl.permute(tl.join(k, k1), (2, 0, 1)), [BLOCK_N, HEAD_D])
+            vt = tl.reshape(tl.permute(tl.join(vt, vt1), (0, 2, 1)), [HEAD_D, BLOCK_N])
+        v = tl.trans(vt)
+    else:  # gathered rows: the tile's token index per key
+        k = tl.load(K8 + (kbase + tok)[:, None] * HEAD_D + d[None, :])
+        v = tl.load(V8T + (vbase + d)[None, :] * S_pad + tok[:, None])
+    raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
+    s0 = tl.load(SK + skbase + j0)
+    s1 = tl.load(SK + skbase + j1)
+    key_ok = tok < S
+    if BLOCK_N != SCALE_BLOCK:
+        key_ok = key_ok & (half0 | (e + 1 < cnt))
+    return _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n, BLOCK_N, SCALE_BLOCK,
+                       MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P, P_LOG2_SCALE)
+
+
+@triton.jit
+def _summary_operand(x, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """An operand of the summary products: FP32 ("tf32" / "ieee": the dot's input precision) or
+    BF16 ("bf16"; Q's E4M3 codes are exact in BF16). The interpreter's BF16 dot is wrong, so
+    there the values are rounded onto the BF16 grid and multiplied in FP32: the same products."""
+    if SUM_PREC == "bf16":
+        if INTERPRET:
+            return round_to_bf16(x.to(tl.float32))
+        else:
+            return x.to(tl.bfloat16)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, KC, VCS, LENS, kcbase, d,
+                  HEAD_D: tl.constexpr, CHUNK: tl.constexpr, P_LOG2_SCALE: tl.constexpr,
+                  SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """Sol's summary route for the not-exact key blocks at entries cnt + c0 .. cnt + c0 + CHUNK
+    of the list: weight w = 2^(q . kc_j * c - m) on vc_j in the numerator and w * len_j in the
+    denominator, in the same online softmax as the exact tiles. kc_j in the K units of the exact
+    scores (so t = q8 . kc_j is in the row max's units); VCS = vc_j / s_v (V's channel scale is
+    applied to acc in the epilogue). qsum: Q's codes as ``_summary_operand``."""
+    c = c0 + tl.arange(0, CHUNK)
+    ok = c < n_sum
+    js = tl.load(lst + cnt + c, mask=ok, other=0)
+    rows = (kcbase + js)[:, None] * HEAD_D + d[None, :]
+    kc = _summary_operand(tl.load(KC + rows, mask=ok[:, None], other=0.0), SUM_PREC, INTERPRET)
+    prec: tl.constexpr = "ieee" if SUM_PREC == "ieee" else "tf32"  # (unused for bf16 operands)
+    t = tl.dot(qsum, tl.trans(kc), input_precision=prec)
+    t = tl.where(ok[None, :], t, float("-inf"))
+    m_cand = tl.maximum(m_i, tl.max(t, axis=1))
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+    w = tl.math.exp2(tl.fma(t, qs[:, None], -mq[:, None]))
+    lens = tl.load(LENS + js, mask=ok, other=0.0)
+    l_i = l_i * alpha + tl.sum(w * lens[None, :], axis=1)
+    vcs = _summary_operand(tl.load(VCS + rows, mask=ok[:, None], other=0.0), SUM_PREC, INTERPRET)
+    pv = tl.dot(_summary_operand(w, SUM_PREC, INTERPRET), vcs, input_precision=prec)
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_cand
+
+
+@triton.jit
+def _row_bias(m_i, m_cand, qs, P_LOG2_SCALE: tl.constexpr):
+    """(mq, alpha) of one online-softmax step: the exponent's row bias m_cand * qs - c and the
+    rescale 2^(m_i * qs - m_cand * qs) of the previous state (row maxes in K units, qs the Q row
+    factor). With c != 0 (P = 2^(s - m + c)) the bias is one FMA per row, as m*qs was one FMUL;
+    alpha is the ratio of two biases with the same c, so it does not change."""
+    if P_LOG2_SCALE == 0.0:
+        mq = m_cand * qs
+        alpha = tl.math.exp2(m_i * qs - mq)
+    else:
+        mq = tl.fma(m_cand, qs, -P_LOG2_SCALE)
+        alpha = tl.math.exp2(tl.fma(m_i, qs, -P_LOG2_SCALE) - mq)
+    return mq, alpha
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
                 BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_PV: tl.constexpr, PV_FMA: tl.constexpr,
                 PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
-    """Online softmax of one tile's raw scores [BLOCK_M, BLOCK_N] and its P @ V."""
+    """Online softmax of one tile's raw scores [BLOCK_M, BLOCK_N] and its P @ V. s0 (s1): the K
+    scale of the tile's first (second) 64-key half; key_ok [BLOCK_N]: keys that exist (read only
+    with MASK_KEYS)."""
     # The row max m is kept in "t units" (raw score * K scale); the Q-row factor qs (Q scale *
     # softmax scale * log2 e, > 0) enters through one FMA per element: p = 2^(x*f - m*qs).
     if BLOCK_N == SCALE_BLOCK:
         # One K scale for the whole tile: fold it into the per-row factor (f = qs * s_k) and into
         # the row max (s_k > 0 commutes with max), so the tile needs no per-element multiply.
-        skv = tl.load(SK + skbase + n0 // SCALE_BLOCK)
         x = raw
         if MASK_KEYS:
-            x = tl.where((n0 + offs_n < S)[None, :], x, float("-inf"))
-        m_cand = tl.maximum(m_i, tl.max(x, axis=1) * skv)
-        f = (qs * skv)[:, None]
+            x = tl.where(key_ok[None, :], x, float("-inf"))
+        m_cand = tl.maximum(m_i, tl.max(x, axis=1) * s0)
+        f = (qs * s0)[:, None]
     else:
         # Two K scales per tile (BLOCK_N = 2 * SCALE_BLOCK), folded like the one-scale case:
         # per-half row maxes (the column test is constant per register after layout lowering, so
         # the selects fold away) and a per-half row factor in the exponent's FMA. The exponent's
         # argument rounds as x * fl(qs * s_k), not fl(x * s_k) * qs: last-bit differences only.
-        s0 = tl.load(SK + skbase + n0 // SCALE_BLOCK)
-        s1 = tl.load(SK + skbase + n0 // SCALE_BLOCK + 1)
         half0 = (offs_n < SCALE_BLOCK)[None, :]
         x = raw
         if MASK_KEYS:
-            x = tl.where((n0 + offs_n < S)[None, :], x, float("-inf"))
+            x = tl.where(key_ok[None, :], x, float("-inf"))
         mx0 = tl.max(tl.where(half0, x, float("-inf")), axis=1)
         mx1 = tl.max(tl.where(half0, float("-inf"), x), axis=1)
         m_cand = tl.maximum(m_i, tl.maximum(mx0 * s0, mx1 * s1))
         f = tl.where(half0, (qs * s0)[:, None], (qs * s1)[:, None])
-    if P_LOG2_SCALE == 0.0:
-        mq = m_cand * qs
-        alpha = tl.math.exp2(m_i * qs - mq)
-    else:
-        # P = 2^(s - m + c): the bias m*qs - c is one FMA per row (as m*qs was one FMUL); alpha
-        # is the ratio of two biases with the same c, so it does not change.
-        mq = tl.fma(m_cand, qs, -P_LOG2_SCALE)
-        alpha = tl.math.exp2(tl.fma(m_i, qs, -P_LOG2_SCALE) - mq)
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     p = tl.math.exp2(tl.fma(x, f, -mq[:, None]))
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if not PV_FMA:
@@ -156,63 +274,11 @@ def _dot_fp8(a, b, acc, IMP: tl.constexpr):
 
 
 @triton.jit
-def _fp8_attn_fwd_kernel(
-    Q8, SQ, K8, SK, V8T, VS, VC, OUT, LSE,
-    qd, kd, vd,
-    S, S_pad, H, GROUP, row_start, qk_scale_log2,
-    stride_ob, stride_os, stride_oh,
-    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
-    IMP_PV: tl.constexpr, WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
-    PV_FMA: tl.constexpr, PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr,
-    INTERPRET: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    bhk = b * (H // GROUP) + h // GROUP
-    m0 = pid_m * BLOCK_M
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    d = tl.arange(0, HEAD_D)
-    n_scale = S_pad // SCALE_BLOCK
-
-    if USE_TMA:
-        q = qd.load([bh * S_pad + m0, 0])
-    else:
-        q = tl.load(Q8 + (bh * S_pad + offs_m)[:, None] * HEAD_D + d[None, :])
-    qs = tl.load(SQ + bh * n_scale + offs_m // SCALE_BLOCK) * qk_scale_log2
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-    tiles = (K8, V8T, kd, vd, SK, bhk * S_pad, bhk * HEAD_D, bhk * n_scale)
-    n_full = S // BLOCK_N
-
-    # Main loop over full key tiles: no masks (pad keys exist only in the peeled tile). The tile
-    # is one function; only the loop statement differs: triton 3.6's interpreter with numpy >=
-    # 2.4 cannot take a run-time `range` bound, so it runs a `while`; compiled code keeps the
-    # `for`, which triton software-pipelines over num_stages.
-    if INTERPRET:
-        j = 0
-        while j < n_full:
-            acc, l_i, m_i = _key_tile(j * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n,
-                                      d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P, IMP_QK,
-                                      IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
-            j += 1
-    else:
-        for j in tl.range(0, n_full):
-            acc, l_i, m_i = _key_tile(j * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n,
-                                      d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P, IMP_QK,
-                                      IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
-    # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked to -inf).
-    if n_full * BLOCK_N < S:
-        acc, l_i, m_i = _key_tile(n_full * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
-                                  offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True, ROUND_P, IMP_QK,
-                                  IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
-
-    # Epilogue: V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32.
+def _epilogue(acc, l_i, mlog, bh, b, h, bhk, offs_m, d, VS, VC, OUT, LSE, S, row_start,
+              stride_ob, stride_os, stride_oh, HEAD_D: tl.constexpr, WRITE_LSE: tl.constexpr,
+              OUT_F32: tl.constexpr, P_LOG2_SCALE: tl.constexpr, INTERPRET: tl.constexpr):
+    """V channel scale, 1/l, then + v_corr (mu_V or the corrected vector) in FP32; the LSE from
+    the row max in log2 units (mlog = m * qs)."""
     vs = tl.load(VS + bhk * HEAD_D + d)
     o = acc * (vs[None, :] / l_i[:, None])
     row_ok = (offs_m < S) & (offs_m >= row_start)
@@ -236,8 +302,188 @@ def _fp8_attn_fwd_kernel(
         tl.store(optr, y.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     if WRITE_LSE:
         # l holds the scaled P (sum of 2^(s - m + c)): subtract c once
-        lse = (m_i * qs + tl.math.log2(l_i) - P_LOG2_SCALE) * 0.6931471805599453
+        lse = (mlog + tl.math.log2(l_i) - P_LOG2_SCALE) * 0.6931471805599453
         tl.store(LSE + bh * S + offs_m, lse, mask=offs_m < S)
+
+
+@triton.jit
+def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
+               BLOCKS, COUNTS, KC, VCS, LENS, kcbase, N_KB,
+               HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
+               ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
+               PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
+               P_LOG2_SCALE: tl.constexpr, SUMMARY: tl.constexpr, KV_SPLITS: tl.constexpr,
+               SUM_CHUNK: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """The sparse main loop of one query block (list row ``row``), part ``sid`` of KV_SPLITS:
+    Sol's summary route first (part 0), then the exact key blocks of the list two by two (one
+    by one with 64-key tiles) without masks, then the last part's masked tile: an odd last entry
+    and / or the partial last key block of the sequence."""
+    cnt = tl.load(COUNTS + row)
+    lst = BLOCKS + row * N_KB
+    BPT: tl.constexpr = BLOCK_N // SCALE_BLOCK  # key blocks per tile
+    last = tl.load(lst + cnt - 1)  # lists ascend: the partial last block comes last
+    partial = ((last + 1) * SCALE_BLOCK > S).to(tl.int32)
+    n_tiles = (cnt - partial) // BPT
+    per = tl.cdiv(n_tiles, KV_SPLITS)
+    t0 = sid * per
+    t1 = tl.minimum(n_tiles, t0 + per)
+    if INTERPRET:
+        t = t0
+        while t < t1:
+            acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
+                                       offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
+                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
+            t += 1
+    else:
+        for t in tl.range(t0, t1):
+            acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
+                                       offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
+                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
+    if sid == KV_SPLITS - 1:
+        if n_tiles * BPT < cnt:
+            acc, l_i, m_i = _list_tile(n_tiles * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
+                                       S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True,
+                                       ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
+                                       P_LOG2_SCALE)
+    if SUMMARY:
+        n_sum = N_KB - cnt
+        if sid == KV_SPLITS - 1:
+            qsum = _summary_operand(q, SUM_PREC, INTERPRET)
+            if INTERPRET:
+                c0 = 0
+                while c0 < n_sum:
+                    acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
+                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
+                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
+                    c0 += SUM_CHUNK
+            else:
+                for c0 in tl.range(0, n_sum, SUM_CHUNK):
+                    acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
+                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
+                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fp8_attn_fwd_kernel(
+    Q8, SQ, K8, SK, V8T, VS, VC, OUT, LSE,
+    qd, kd, vd,
+    S, S_pad, H, GROUP, row_start, qk_scale_log2,
+    stride_ob, stride_os, stride_oh,
+    BLOCKS, COUNTS, ORDER, KC, VCS, LENS, PART_O, PART_ML, N_QB, N_KB, N_BH,
+    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
+    IMP_PV: tl.constexpr, WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
+    PV_FMA: tl.constexpr, PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr,
+    INTERPRET: tl.constexpr, SPARSE: tl.constexpr = False, SUMMARY: tl.constexpr = False,
+    WORK_LIST: tl.constexpr = False, KV_SPLITS: tl.constexpr = 1,
+    SUM_CHUNK: tl.constexpr = 64, SUM_PREC: tl.constexpr = "tf32",
+):
+    """Dense: grid (S / BLOCK_M, B * H), every key tile. SPARSE (BLOCK_M = the 64-row routing
+    block): the key blocks of the query block's list (``_list_rows``); grid (n_qblocks, B * H,
+    KV_SPLITS), or (B * H * n_qblocks, 1, KV_SPLITS) over the work list ORDER (list rows, longest
+    lists first) with WORK_LIST. KV_SPLITS > 1 writes the unnormalized parts (acc, m * qs, l) to
+    PART_O / PART_ML for ``_combine_kernel``."""
+    if WORK_LIST:
+        item = tl.load(ORDER + tl.program_id(0))
+        pid_m = item % N_QB
+        bh = item // N_QB
+    else:
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * (H // GROUP) + h // GROUP
+    m0 = pid_m * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    d = tl.arange(0, HEAD_D)
+    n_scale = S_pad // SCALE_BLOCK
+
+    if USE_TMA:
+        q = qd.load([bh * S_pad + m0, 0])
+    else:
+        q = tl.load(Q8 + (bh * S_pad + offs_m)[:, None] * HEAD_D + d[None, :])
+    qs = tl.load(SQ + bh * n_scale + offs_m // SCALE_BLOCK) * qk_scale_log2
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    tiles = (K8, V8T, kd, vd, SK, bhk * S_pad, bhk * HEAD_D, bhk * n_scale)
+
+    if SPARSE:
+        sid = tl.program_id(2)
+        acc, l_i, m_i = _list_rows(acc, l_i, m_i, q, qs, tiles, bh * N_QB + pid_m, sid, S,
+                                   S_pad, offs_n, d, BLOCKS, COUNTS, KC, VCS, LENS, bhk * N_KB,
+                                   N_KB, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
+                                   PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, SUMMARY, KV_SPLITS,
+                                   SUM_CHUNK, SUM_PREC, INTERPRET)
+    else:
+        n_full = S // BLOCK_N
+        # Main loop over full key tiles: no masks (pad keys exist only in the peeled tile). The
+        # tile is one function; only the loop statement differs: triton 3.6's interpreter with
+        # numpy >= 2.4 cannot take a run-time `range` bound, so it runs a `while`; compiled code
+        # keeps the `for`, which triton software-pipelines over num_stages.
+        if INTERPRET:
+            j = 0
+            while j < n_full:
+                acc, l_i, m_i = _key_tile(j * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
+                                          offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False,
+                                          ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
+                                          P_LOG2_SCALE)
+                j += 1
+        else:
+            for j in tl.range(0, n_full):
+                acc, l_i, m_i = _key_tile(j * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
+                                          offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False,
+                                          ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
+                                          P_LOG2_SCALE)
+        # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked).
+        if n_full * BLOCK_N < S:
+            acc, l_i, m_i = _key_tile(n_full * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
+                                      offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True, ROUND_P,
+                                      IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
+
+    if KV_SPLITS > 1:  # this part's unnormalized state, for the combine pass
+        prow = ((tl.program_id(2) * N_BH + bh) * S_pad + offs_m).to(tl.int64)
+        tl.store(PART_O + prow[:, None] * HEAD_D + d[None, :], acc)
+        tl.store(PART_ML + prow, m_i * qs)
+        tl.store(PART_ML + KV_SPLITS * N_BH * S_pad + prow, l_i)
+    else:
+        _epilogue(acc, l_i, m_i * qs, bh, b, h, bhk, offs_m, d, VS, VC, OUT, LSE, S, row_start,
+                  stride_ob, stride_os, stride_oh, HEAD_D, WRITE_LSE, OUT_F32, P_LOG2_SCALE,
+                  INTERPRET)
+
+
+@triton.jit
+def _combine_kernel(PART_O, PART_ML, VS, VC, OUT, LSE, S, S_pad, H, GROUP, row_start, N_BH,
+                    stride_ob, stride_os, stride_oh,
+                    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, KV_SPLITS: tl.constexpr,
+                    WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, P_LOG2_SCALE: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """Merge the KV_SPLITS parts of every row: M = max of the parts' row maxes (log2 units),
+    acc = sum 2^(m_s - M) acc_s, l = sum 2^(m_s - M) l_s, then the epilogue of the one-part
+    kernel. Grid (S / BLOCK_M, B * H)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * (H // GROUP) + h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, HEAD_D)
+    mlog = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in tl.static_range(KV_SPLITS):
+        mlog = tl.maximum(mlog, tl.load(PART_ML + (s * N_BH + bh) * S_pad + offs_m))
+    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    for s in tl.static_range(KV_SPLITS):
+        prow = ((s * N_BH + bh) * S_pad + offs_m).to(tl.int64)
+        w = tl.math.exp2(tl.load(PART_ML + prow) - mlog)  # 0 for a part without keys
+        l_i += w * tl.load(PART_ML + KV_SPLITS * N_BH * S_pad + prow)
+        acc += w[:, None] * tl.load(PART_O + prow[:, None] * HEAD_D + d[None, :])
+    _epilogue(acc, l_i, mlog, bh, b, h, bhk, offs_m, d, VS, VC, OUT, LSE, S, row_start,
+              stride_ob, stride_os, stride_oh, HEAD_D, WRITE_LSE, OUT_F32, P_LOG2_SCALE,
+              INTERPRET)
 
 
 def fp8_attention_fwd(
@@ -252,6 +498,8 @@ def fp8_attention_fwd(
     out_f32: bool = False,
     p_scaling: str = "unit",
     config: AttentionConfig = DEFAULT.attention,
+    routing=None,
+    sparse: SparseConfig = DEFAULT.sparse,
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
@@ -259,6 +507,10 @@ def fp8_attention_fwd(
     rows that the merged pass fills). out_f32: write FP32 o = acc * s_v / l WITHOUT v_corr.
     p_scaling: the recipe's P scaling ("unit", "exp2_offset8", "rowmax448"; module docstring).
     config: tiling and launch (``config.AttentionConfig``; default = the measured H200 values).
+    routing: a ``routing.BlockRouting`` (64-token blocks, computed with the same mu_K / mu_V as
+    the quantizer): only the key blocks of each query block's exact list run, and Sol's summary
+    route adds the other blocks (when ``routing.kc`` is set); needs config.block_m = 64. sparse:
+    its schedule, KV splits and summary route (``config.SparseConfig``).
     """
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
@@ -276,31 +528,97 @@ def fp8_attention_fwd(
         dt = torch.float32 if out_f32 else out_dtype
         out = torch.empty((B, S, H, D), dtype=dt, device=qkv.q8.device)
     lse = torch.empty((B, H, S), dtype=torch.float32, device=out.device) if return_lse else None
+    use_tma = bool(c.use_tma) if routing is None else bool(sparse.tma)
+    box_n = c.block_n if routing is None else 64  # sparse: one TMA box per key block
     qd = kd = vd = None
-    if c.use_tma:
+    if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         qd = TensorDescriptor.from_tensor(qkv.q8.view(B * H * S_pad, D), [c.block_m, D])
-        kd = TensorDescriptor.from_tensor(qkv.k8.view(B * Hkv * S_pad, D), [c.block_n, D])
-        vd = TensorDescriptor.from_tensor(qkv.v8t.view(B * Hkv * D, S_pad), [D, c.block_n])
-    extra = {"maxnreg": c.maxnreg} if c.maxnreg else {}
+        kd = TensorDescriptor.from_tensor(qkv.k8.view(B * Hkv * S_pad, D), [box_n, D])
+        vd = TensorDescriptor.from_tensor(qkv.v8t.view(B * Hkv * D, S_pad), [D, box_n])
+    cap = c.maxnreg if routing is None else sparse.maxnreg
+    extra = {"maxnreg": cap} if cap else {}
     pv_fma = c.flush == "fma"
     grid = (triton.cdiv(S, c.block_m), B * H)
-    _fp8_attn_fwd_kernel[grid](
+    sp = _SparseLaunch.build(qkv, routing, sparse, c, grid) if routing is not None else None
+    _fp8_attn_fwd_kernel[sp.grid if sp else grid](
         qkv.q8, qkv.q_scale, qkv.k8, qkv.k_scale, qkv.v8t, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,
         qd, kd, vd,
         S, S_pad, H, H // Hkv, row_start, scale * LOG2E,
         out.stride(0), out.stride(1), out.stride(2),
+        *(sp.args if sp else (None,) * 8 + (0, 0)), B * H,
         HEAD_D=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n, SCALE_BLOCK=64,
         ROUND_P=interp,  # the interpreter's fp8 cast mis-rounds: explicit rounding there
         IMP_QK=-1 if pv_fma else min(c.max_imprecise, D),
         IMP_PV=min(c.max_imprecise, c.block_n), WRITE_LSE=return_lse, OUT_F32=out_f32,
-        USE_TMA=bool(c.use_tma), PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),
+        USE_TMA=use_tma, PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),
         P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], INTERPRET=interp,
-        num_warps=c.num_warps, num_stages=num_stages, **extra,
+        num_warps=c.num_warps, num_stages=num_stages, **(sp.constexprs if sp else {}), **extra,
     )
+    if sp and sp.splits > 1:
+        _combine_kernel[grid](
+            sp.part_o, sp.part_ml, qkv.v_scale, qkv.v_corr, out,
+            lse if lse is not None else out, S, S_pad, H, H // Hkv, row_start, B * H,
+            out.stride(0), out.stride(1), out.stride(2),
+            HEAD_D=D, BLOCK_M=c.block_m, KV_SPLITS=sp.splits, WRITE_LSE=return_lse,
+            OUT_F32=out_f32, P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], INTERPRET=interp,
+            num_warps=4,
+        )
     return out, lse
+
+
+@dataclass
+class _SparseLaunch:
+    """The sparse kernel's grid, its extra run-time arguments (BLOCKS, COUNTS, ORDER, KC, VCS,
+    LENS, PART_O, PART_ML, N_QB, N_KB) and compile-time flags, and the KV-split buffers."""
+
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    splits: int
+    part_o: torch.Tensor | None
+    part_ml: torch.Tensor | None
+
+    @classmethod
+    def build(cls, qkv, routing, sparse: SparseConfig, c: AttentionConfig, grid):
+        B, H, S_pad, D = qkv.q8.shape
+        nq, nk = routing.exact.shape[-2:]
+        if routing.block != 64 or c.block_m != 64:
+            raise ValueError(f"sparse attention: the routing block ({routing.block}) and "
+                             f"AttentionConfig.block_m ({c.block_m}) must both be 64")
+        if routing.blocks.shape != (B, H, grid[0], grid[0]):
+            raise ValueError(f"routing: lists {tuple(routing.blocks.shape)} do not fit q8 "
+                             f"{tuple(qkv.q8.shape)} (expected [{B}, {H}, {grid[0]}, "
+                             f"{grid[0]}])")
+        dev = qkv.q8.device
+        n_sms = (torch.cuda.get_device_properties(dev).multi_processor_count
+                 if dev.type == "cuda" else 132)
+        splits = sparse.splits_for(B * H * nq, n_sms)
+        cst = dict(SPARSE=True)
+        kc = vcs = lens = order = part_o = part_ml = None
+        if routing.kc is not None:  # Sol's summary route
+            kc = routing.kc.contiguous()
+            vcs = (routing.vc / qkv.v_scale[:, :, None, :]).contiguous()  # s_v: the epilogue's
+            lens = routing.lens.to(torch.float32).contiguous()
+            cst.update(SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
+                       SUM_PREC=sparse.summary_precision)
+        if sparse.schedule == "heavy_first":
+            # list rows bh * nq + i, the longest exact list first (stable: ties in grid order)
+            order = torch.argsort(routing.counts.reshape(-1), descending=True, stable=True)
+            order = order.to(torch.int32)
+            cst["WORK_LIST"] = True
+            launch = (B * H * nq, 1, splits)
+        else:
+            launch = (grid[0], grid[1], splits)
+        if splits > 1:
+            cst["KV_SPLITS"] = splits
+            part_o = torch.empty((splits, B * H, S_pad, D), dtype=torch.float32, device=dev)
+            part_ml = torch.empty((2, splits, B * H, S_pad), dtype=torch.float32, device=dev)
+        args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, kc, vcs, lens,
+                part_o, part_ml, nq, nk)
+        return cls(launch, args, cst, splits, part_o, part_ml)
 
 
 def default_scale(d: int) -> float:

@@ -104,13 +104,79 @@ class StatsConfig:
     final_chunks: int = 8  # partial rows added per finalize step
 
 
+SCHEDULES = ("rows", "heavy_first")
+SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """Block-sparse attention on routing lists (``attention_fp8.fp8_attention_fwd(routing=...)``;
+    the exact tiles use ``AttentionConfig`` as the dense loop does, with 64-row programs).
+
+    schedule: the order in which programs take query blocks: "rows" = the dense grid order;
+    "heavy_first" = a work list sorted by exact-list length, longest first (the long lists start
+    early and the short ones fill the tail).
+    kv_splits: 1, 2 or 4 programs per query block, each a contiguous part of its exact list,
+    plus a combine pass; None = the rule: 1 when the grid fills at least ``split_below_waves``
+    waves of ``programs_per_sm`` programs per SM, else 2, or 4 below a quarter of that.
+    summary_chunk: not-exact key blocks per step of Sol's summary route.
+    summary_precision: the operands of the summary route's two products q . kc and w @ vc, both
+    accumulated in FP32: "bf16" (tensor cores, 8-bit mantissas; Q's E4M3 codes are exact), "tf32"
+    (tensor cores, 10-bit mantissas) or "ieee" (FP32 FMAs, the twin's arithmetic).
+    tma: the exact tiles' K and V as one TMA box per 64-key block (True) or gathered pointer
+    loads (False).
+    maxnreg: the register cap of sparse launches (None: none). With the dense cap of 168 the
+    summary route's operands next to the accumulator spill and ptxas serializes every wgmma of
+    the kernel.
+    Offline sm_90 compiles (scripts/sass_stats.py, 2026-11-30), SASS instructions of the main
+    loop per 128 exact keys: dense 512 (168 registers); sparse, no cap: 587 (255 registers, no
+    spills; the two 64-key TMA boxes are joined through shared memory), 64-key tiles 2 x 352
+    (dense 64-key tiles 2 x 341), gathered loads 1246 with 1.5 KB of spills; TF32 summary
+    operands make ptxas serialize the wgmmas (BF16 operands do not).
+    Not measured on the H200 yet: the defaults are the expected choices, to be settled by
+    ``workbench.bench.sparse``.
+    """
+
+    schedule: str = "heavy_first"
+    kv_splits: int | None = None
+    split_below_waves: float = 2.0
+    programs_per_sm: int = 3  # AttentionConfig.maxnreg = 168: three 64-row programs per SM
+    summary_chunk: int = 64
+    summary_precision: str = "bf16"
+    tma: bool = True
+    maxnreg: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"SparseConfig.schedule: {self.schedule!r}; choose one of "
+                             f"{SCHEDULES}")
+        if self.kv_splits not in (None, 1, 2, 4):
+            raise ValueError(f"SparseConfig.kv_splits: {self.kv_splits}; choose 1, 2, 4 or None")
+        if self.summary_precision not in SUMMARY_PRECISIONS:
+            raise ValueError(f"SparseConfig.summary_precision: {self.summary_precision!r}; "
+                             f"choose one of {SUMMARY_PRECISIONS}")
+        if self.summary_chunk not in (16, 32, 64, 128):
+            raise ValueError(f"SparseConfig.summary_chunk: {self.summary_chunk}; choose 16, 32, "
+                             "64 or 128")
+
+    def splits_for(self, n_programs: int, n_sms: int) -> int:
+        """kv_splits, or the rule's choice for a grid of n_programs (list rows) on n_sms SMs."""
+        if self.kv_splits is not None:
+            return self.kv_splits
+        waves = n_programs / (n_sms * self.programs_per_sm)
+        if waves >= self.split_below_waves:
+            return 1
+        return 2 if waves >= self.split_below_waves / 4 else 4
+
+
 @dataclass(frozen=True)
 class KernelConfig:
-    """The three configs of one full recipe call (``dispatch.fp8_recipe_attention``)."""
+    """The configs of one full recipe call (``dispatch.fp8_recipe_attention``)."""
 
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    sparse: SparseConfig = field(default_factory=SparseConfig)
 
     @classmethod
     def h200(cls) -> KernelConfig:
@@ -126,6 +192,9 @@ class KernelConfig:
     def with_stats(self, **overrides) -> KernelConfig:
         return replace(self, stats=replace(self.stats, **overrides))
 
+    def with_sparse(self, **overrides) -> KernelConfig:
+        return replace(self, sparse=replace(self.sparse, **overrides))
+
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
@@ -133,13 +202,13 @@ class KernelConfig:
 
     @classmethod
     def from_overrides(cls, overrides: dict, base: KernelConfig | None = None) -> KernelConfig:
-        """``{"attention": {...}, "quant": {...}, "stats": {...}}`` applied to `base` (default
-        DEFAULT); an unknown section or field raises ValueError naming it."""
+        """``{"attention": {...}, "quant": {...}, "stats": {...}, "sparse": {...}}`` applied to
+        `base` (default DEFAULT); an unknown section or field raises ValueError naming it."""
         cfg = base or DEFAULT
         for section, values in overrides.items():
-            if section not in ("attention", "quant", "stats"):
+            if section not in ("attention", "quant", "stats", "sparse"):
                 raise ValueError(f"kernel config: unknown section {section!r} "
-                                 "(attention, quant, stats)")
+                                 "(attention, quant, stats, sparse)")
             sub = getattr(cfg, section)
             try:
                 cfg = replace(cfg, **{section: replace(sub, **values)})

@@ -2,11 +2,15 @@
 
 Torch twin: ``workbench.attention.recipe_attention`` (all rows) for the dense FP8 recipes
 ``fp8_dense``, ``fp8_dense_k``, ``fp8_dense_kv_corrected`` and variants of them with the
-dense-prefix replacement or a scaled P (``p_scaling``). One call = statistics (``kv_stats``) ->
-centering + quantization (``quantize``) -> attention with the fused epilogue (``attention_fp8``)
--> BF16 prefix rows (SDPA on the unquantized operands) copied into the same output. Extra memory
-beyond inputs and output: the FP8 copies of Q/K/V (padded to 256 tokens) plus O(B*H*(D + S/64))
-scales, vectors and partial sums.
+dense-prefix replacement or a scaled P (``p_scaling``), and for the block-sparse FP8 recipes
+(``fp8_sol_*``, and FP8 recipes with ``sparsity="vsa"``; 64-token blocks). One dense call =
+statistics (``kv_stats``) -> centering + quantization (``quantize``) -> attention with the fused
+epilogue (``attention_fp8``) -> BF16 prefix rows (SDPA on the unquantized operands) copied into
+the same output. A sparse call takes its statistics from the routing's block sums instead (one
+read of Q, K and V gives mu_K, mu_V, V's range and the routing, ``routing``), then quantizes and
+runs the attention on the routing's lists. Extra memory beyond inputs and output: the FP8 copies
+of Q/K/V (padded to 256 tokens) plus O(B*H*(D + S/64)) scales, vectors and partial sums; sparse:
+plus the lists, O(B*H*(S/64)^2) int32, and the block sums O(B*H*S/64*D).
 
 Shapes compile once per class: S, B and H are run-time arguments of every kernel; only the head dim,
 the dtype and the recipe's flags are compile-time constants, and there is no autotuning sweep:
@@ -24,6 +28,7 @@ import torch
 from workbench.attention.layout import SegmentLayout
 from workbench.recipes import AttentionRecipe, get_recipe
 
+from . import routing
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
 from .config import DEFAULT, KernelConfig
 from .kv_stats import kv_stats
@@ -53,8 +58,10 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return f"P must be fp8_e4m3 with p_scaling one of {tuple(P_LOG2_SCALES)}"
     if r.hadamard:
         return "no Hadamard kernel"
-    if r.sparsity != "dense":
-        return f"no {r.sparsity} sparse kernel (dense only)"
+    if r.sparsity == "sol" and r.sol_block != 64:
+        return "Sol needs sol_block = 64 (one routing block per K scale block)"
+    if r.sparsity == "vsa" and r.vsa_tile != 64:
+        return "VSA needs vsa_tile = 64 (one routing block per K scale block)"
     if r.accumulation != "fp32":
         return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
     if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1]:
@@ -99,19 +106,39 @@ def fp8_recipe_attention(
         raise ValueError(f"fp8 kernels: {why} (recipe {recipe.to_string()!r})")
     H, D = q.shape[2], q.shape[3]
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    stats = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
-                     config=config.stats)
-    qkv = quantize_qkv(q, k, v, stats.mu_k, stats.mu_v, stats.v_amax, smooth_k=recipe.smooth_k,
+    route = None
+    if recipe.sparsity == "dense":
+        st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
+                      config=config.stats)
+        mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
+    else:
+        mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale)
+    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                        smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
                        config=config.quant)
     prefix = layout.prefix_len if (recipe.dense_prefix and layout is not None) else 0
     out = torch.empty_like(q)
     out, lse = fp8_attention_fwd(qkv, num_heads=H, scale=scale, out=out, row_start=prefix,
                                  return_lse=return_lse, p_scaling=recipe.p_scaling,
-                                 config=config.attention)
+                                 config=config.attention, routing=route, sparse=config.sparse)
     if prefix:
         out[:, :prefix] = dense_prefix_rows(q, k, v, prefix, scale)
     return (out, lse) if return_lse else out
+
+
+def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
+                   scale: float):
+    """(mu_k, mu_v, v_amax [B, Hkv, D], BlockRouting) of a sparse recipe from one read of Q, K,
+    V: the block sums give the statistics the quantizer centres with (zeros where not smoothed)
+    and the routing, whose Sol summary blocks are centred with the same means."""
+    sums = routing.block_sums(q, k, v, block=64, minmax=True)
+    mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
+    if recipe.sparsity == "sol":
+        r = routing.sol_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
+                                mu_k=mu_k, mu_v=mu_v)
+    else:
+        r = routing.vsa_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums)
+    return mu_k, mu_v, v_amax, r
 
 
 def dense_prefix_rows(q, k, v, prefix: int, scale: float) -> torch.Tensor:

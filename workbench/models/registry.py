@@ -128,6 +128,34 @@ class H3Model:
         return emb.to(self.device)
 
     # -- sampling ----------------------------------------------------------------------------
+    def grid_points(self, steps: int | None, flag: str = "steps") -> int:
+        """Sigma grid points of a run: ``steps``, or the model's default when None (0 is not
+        "default": it is refused, like any count below 2)."""
+        if steps is None:
+            if self.config is None:
+                raise ValueError(f"{flag}: model {self.name!r} has no default schedule; give one")
+            return int(self.config.default_steps)
+        if isinstance(steps, bool) or int(steps) != steps or steps < 2:
+            raise ValueError(f"{flag}: need at least 2 sigma grid points (1 model call), got "
+                             f"{steps!r}")
+        return int(steps)
+
+    def schedule_steps(self, steps: int | None, flag: str = "steps") -> int:
+        """Model calls (denoising step indices 0 .. n-1) of a ``steps``-point sigma grid."""
+        return self.grid_points(steps, flag) - 1
+
+    def check_capture_steps(self, capture_steps, steps: int | None, flag: str = "steps",
+                            grid_flag: str = "steps") -> None:
+        """Every step to capture must be one the sampler runs; refuse before any work."""
+        if capture_steps is None:
+            return
+        g = self.grid_points(steps, grid_flag)
+        bad = sorted(int(s) for s in capture_steps if not 0 <= int(s) < g - 1)
+        if bad:
+            grid = f"{grid_flag} {g}" if steps is not None else f"the default {g}-point grid"
+            raise ValueError(f"{flag}: {bad} outside the sampling schedule ({grid}: {g - 1} "
+                             f"model calls, steps 0-{g - 2})")
+
     def forward_packed(self, video_rows, audio_rows, text_embeds, video_t, audio_t):
         """One transformer call on packed rows. Returns (video_velocity, audio_velocity)."""
         kwargs, _ = pack_h3_sequence(
@@ -158,9 +186,7 @@ class H3Model:
 
         cfg = self.config
         clip = cfg.clip
-        steps = steps or cfg.default_steps
-        if steps < 2:
-            raise ValueError(f"steps: need at least 2 sigma grid points, got {steps}")
+        steps = self.grid_points(steps)
         text = self.encode_prompt(prompt) if text_embeds is None else text_embeds.to(self.device)
         g = torch.Generator().manual_seed(int(seed))
         noise_v = torch.randn(1, 3, clip.frames, clip.height, clip.width, generator=g)

@@ -1,5 +1,7 @@
-"""Attention recipes: frozen dataclass + named presets + string/JSON forms."""
+"""Attention recipes: frozen dataclass + named presets + string/JSON forms, and per-(step, layer)
+plans (``RecipePlan``) accepted wherever a recipe is."""
 
+from .plan import PlanEntry, RecipePlan
 from .recipe import (
     DEFAULT_RECIPE,
     PRESETS,
@@ -8,4 +10,5 @@ from .recipe import (
     get_recipe,
 )
 
-__all__ = ["AttentionRecipe", "PRESETS", "DEFAULT_RECIPE", "RecipeError", "get_recipe"]
+__all__ = ["AttentionRecipe", "PRESETS", "DEFAULT_RECIPE", "PlanEntry", "RecipeError",
+           "RecipePlan", "get_recipe"]

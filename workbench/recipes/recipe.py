@@ -359,11 +359,20 @@ DEFAULT_RECIPE = "fp8_sol_kv_corrected"
 
 
 def get_recipe(spec: str | AttentionRecipe | dict | None = None) -> AttentionRecipe:
-    """Parse a recipe from a preset name, 'preset:field=value,...', JSON text, or a dict."""
+    """Parse a recipe from a preset name, 'preset:field=value,...', JSON text, or a dict.
+
+    A per-(step, layer) plan (``workbench.recipes.plan``: JSON text, dict or a ``.json`` file
+    path) comes back as a ``RecipePlan``, which callers use through ``.at(step, layer)``.
+    """
     if spec is None:
         return PRESETS[DEFAULT_RECIPE]
     if isinstance(spec, AttentionRecipe):
         return spec
+    from .plan import read_plan_spec
+
+    plan = read_plan_spec(spec)
+    if plan is not None:
+        return plan
     if isinstance(spec, dict):
         return AttentionRecipe.from_dict(spec)
     if not isinstance(spec, str):

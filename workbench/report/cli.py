@@ -8,26 +8,19 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.cli_args import (
+    check_device,
+    check_out_dir,
+    check_out_file,
+    parse_int_list,
+    positive_int,
+)
 from workbench.recipes import PRESETS, get_recipe
-
-
-def _int_list(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            out.extend(range(int(lo), int(hi) + 1))
-        else:
-            out.append(int(part))
-    return out
 
 
 def load_table_input(args) -> dict:
     """q, k, v, layout, source string and head labels from --synthetic or --store."""
-    heads = _int_list(args.heads) if args.heads else [0, 1, 2, 3]
+    heads = parse_int_list(args.heads, "--heads", allow_all=False) if args.heads else [0, 1, 2, 3]
     if args.store:
         from workbench.capture import open_capture
 
@@ -70,6 +63,11 @@ def cmd_table(args) -> int:
     from workbench.report.accuracy_table import accuracy_table, write_table
 
     t0 = time.perf_counter()
+    # Outputs and device are checked before any input is read or computed.
+    for flag, path in (("--json", args.json), ("--md", args.md)):
+        if path:
+            check_out_file(path, flag)
+    check_device(args.device)
     inp = load_table_input(args)
     table = accuracy_table(
         inp["q"], inp["k"], inp["v"], get_recipe(args.a), get_recipe(args.b),
@@ -98,7 +96,7 @@ def cmd_demo(args) -> int:
     """The main job on the embedded default: writes everything under --out."""
     from workbench.report.demo import run_demo
 
-    return run_demo(Path(args.out), quick=args.quick)
+    return run_demo(check_out_dir(args.out), quick=args.quick)
 
 
 def _add_input_args(p: argparse.ArgumentParser) -> None:
@@ -109,7 +107,8 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer", type=int, default=None, help="layer index of the store entry")
     p.add_argument("--heads", default=None,
                    help="query heads, e.g. 0-3 or 0,5,9 (default 0-3, or the captured ones)")
-    p.add_argument("--queries", type=int, default=64, help="evenly spaced query rows (default 64)")
+    p.add_argument("--queries", type=positive_int, default=64,
+                   help="evenly spaced query rows (default 64)")
     p.add_argument("--seed", type=int, default=0, help="synthetic seed (default 0)")
     p.add_argument("--drift", type=float, default=0.0, help="synthetic mean drift amplitude")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")

@@ -111,6 +111,20 @@ def write_figures(figs: dict, out: Path, *, formats=("png", "svg", "html"),
     return written
 
 
+def figures_markdown(figs: dict, written: dict, out: Path) -> list[str]:
+    """Markdown lines for written figures: the PNG inline, SVG / HTML linked, paths relative to
+    `out`."""
+    lines = []
+    for name, (_, caption) in figs.items():
+        w = written[name]
+        links = " | ".join(f"[{fmt}]({w[fmt].relative_to(out).as_posix()})"
+                           for fmt in ("svg", "html") if fmt in w)
+        if "png" in w:
+            lines.append(f"![{caption}]({w['png'].relative_to(out).as_posix()})")
+        lines += [f"*{caption}.* {links}", ""]
+    return lines
+
+
 def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads=None,
                  n_queries: int = 64, formats=("png", "svg", "html"), device: str = "cpu",
                  html_inline: bool = False, log=print) -> Path:
@@ -147,13 +161,7 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
         "### Figures",
         "",
     ]
-    for name, (_, caption) in figs.items():
-        w = written[name]
-        links = " | ".join(f"[{fmt}]({w[fmt].relative_to(out).as_posix()})"
-                           for fmt in ("svg", "html") if fmt in w)
-        if "png" in w:
-            lines.append(f"![{caption}]({w['png'].relative_to(out).as_posix()})")
-        lines += [f"*{caption}.* {links}", ""]
+    lines += figures_markdown(figs, written, out)
     md = out / "report.md"
     md.write_text("\n".join(lines))
     data = {

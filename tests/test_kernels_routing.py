@@ -1,0 +1,285 @@
+"""Block routing on the GPU path (workbench.kernels.routing) against its torch twins
+(workbench.attention.sparsity.sol_block_map / vsa_block_map).
+
+CPU tests run the Triton block-sum pass in Triton's interpreter (TRITON_INTERPRET=1) at small
+shapes; the GPU test runs the compiled pass at the H3 shape. The maps must be equal except for
+pairs whose coarse score lies within float rounding of the decision threshold (the block sums are
+added in another order than torch's): those are counted and bounded, every other pair must agree.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from workbench.attention import SegmentLayout  # noqa: E402
+from workbench.attention.sparsity import (  # noqa: E402
+    LOG2E,
+    block_reduce,
+    sol_block_map,
+    sol_scores,
+    vsa_block_map,
+    vsa_keep_count,
+)
+from workbench.kernels import routing  # noqa: E402
+from workbench.recipes import get_recipe  # noqa: E402
+from workbench.synthetic import small_config, synthetic_qkv  # noqa: E402
+
+# A pair within this fraction of the largest |score| of its head from the threshold counts as a
+# rounding tie (FP32 block sums in another order move scores by ~1e-7 relative). At the H3 shape
+# (8 heads of the synthetic input, interpreter, 2026-11-30, 5fd5ff3) 110-380 of 2.08M pairs fall
+# in the band and none of them is decided differently.
+ROUNDING_BAND = 1e-5
+FAST = routing.BlockPassConfig(rows=64)  # one sub-tile per block: fewer interpreter steps
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
+                              reason="interpreter tests; the GPU test covers CUDA")
+
+
+def synthetic(S, H, Hkv, D, seed=0, prefix=(0, 0), device=None):
+    """Synthetic H3-like q/k/v (RMS-normed, RoPE, K/V channel biases, locality) and a layout with
+    `prefix` = (text, audio) rows."""
+    cfg = small_config(S, heads=H, kv_heads=Hkv, head_dim=D, rotated=96 if D >= 128 else 48,
+                       seed=seed)
+    text, audio = prefix
+    layout = SegmentLayout(text=text, audio=audio, video=S - text - audio)
+    q, k, v = synthetic_qkv(cfg, device=device)
+    return q, k, v, layout
+
+
+def twin_sol(q, k, v, recipe, layout):
+    """The twin's block map and its margins |score - theta| [B, H, nq, nk] and score scale."""
+    D, group = q.shape[-1], q.shape[2] // k.shape[2]
+    kf, vf = k.float(), v.float()
+    kc = kf - kf.mean(1, keepdim=True) if recipe.smooth_k else kf
+    vc = vf - vf.mean(1, keepdim=True) if recipe.smooth_v else vf
+    bmap, kcent, vsum, lens = sol_block_map(q.float(), kc, vc, recipe, layout, D**-0.5, group)
+    qbar, _ = block_reduce(q.float(), recipe.sol_block)
+    scores, theta = sol_scores(qbar, kcent.repeat_interleave(group, 1), recipe,
+                               D**-0.5 * LOG2E)
+    margin = (scores - theta[..., None]).abs()
+    return bmap, margin, scores, (kcent, vsum, lens)
+
+
+def twin_vsa(q, k, recipe, layout):
+    D, group = q.shape[-1], q.shape[2] // k.shape[2]
+    bmap = vsa_block_map(q.float(), k.float(), recipe, layout, D**-0.5, group)
+    qbar, _ = block_reduce(q.float(), recipe.vsa_tile)
+    kbar, _ = block_reduce(k.float(), recipe.vsa_tile)
+    scores = qbar @ kbar.repeat_interleave(group, 1).transpose(-1, -2) * D**-0.5
+    nk = scores.shape[-1]
+    prefix = torch.arange(nk, device=scores.device) * recipe.vsa_tile < layout.prefix_len
+    competing = scores
+    if recipe.vsa_prefix == "exempt" and bool(prefix.any()):
+        competing = scores.masked_fill(prefix, -math.inf)
+    keep = vsa_keep_count(recipe, nk, int(prefix.sum()))
+    # the decision threshold: midway between the k-th and (k+1)-th largest competing score
+    vals = competing.topk(min(keep + 1, nk), dim=-1).values
+    theta = (vals[..., keep - 1 : keep] + vals[..., keep:]) / 2 if keep < nk else -math.inf
+    margin = (competing - theta).abs()
+    margin = margin.masked_fill(~torch.isfinite(margin), math.inf)
+    return bmap, margin, scores
+
+
+def disagreements(ours, twin, margin, scores):
+    """(pairs that differ, of them outside the rounding band, pairs inside the band)."""
+    scale = scores.abs().amax(dim=(-2, -1), keepdim=True)
+    near = margin <= ROUNDING_BAND * scale
+    diff = ours != twin
+    return int(diff.sum()), int((diff & ~near).sum()), int(near.sum())
+
+
+def check_lists(r: routing.BlockRouting):
+    """blocks is a permutation per query block: the exact blocks ascending, then the others."""
+    nk = r.exact.shape[-1]
+    assert r.blocks.dtype == torch.int32 and r.counts.dtype == torch.int32
+    assert torch.equal(r.counts, r.exact.sum(-1).int())
+    srt, _ = r.blocks.long().sort(-1)
+    assert torch.equal(srt, torch.arange(nk).expand_as(srt))
+    pos = torch.arange(nk)
+    head = pos < r.counts[..., None]  # positions holding the exact list
+    is_exact = torch.gather(r.exact, -1, r.blocks.long())
+    assert torch.equal(is_exact, head)
+    step = r.blocks[..., 1:] - r.blocks[..., :-1]
+    boundary = pos[1:] == r.counts[..., None]  # where the exact list ends and the rest begins
+    assert bool(((step > 0) | boundary).all())
+
+
+@cpu_only
+@pytest.mark.parametrize("S,H,Hkv,D", [(1100, 4, 2, 64), (577, 4, 4, 128)])
+def test_block_sums_match_torch_and_are_deterministic(S, H, Hkv, D):
+    q, k, v, _ = synthetic(S, H, Hkv, D, seed=S)
+    a = routing.block_sums(q, k, v, minmax=True, config=FAST)
+    b = routing.block_sums(q, k, v, minmax=True)  # default launch: 16-row sub-tiles
+    qbar, lens = block_reduce(q.float(), 64)
+    ksum, _ = block_reduce(k.float(), 64, "sum")
+    vsum, _ = block_reduce(v.float(), 64, "sum")
+    assert torch.equal(a.lens, lens) and a.lens[-1] == S - (S - 1) // 64 * 64
+    torch.testing.assert_close(a.qbar, qbar, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(a.ksum, ksum, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(a.vsum, vsum, rtol=1e-6, atol=1e-5)
+    vb = v.float()[:, : (S // 64) * 64].unflatten(1, (S // 64, 64))
+    assert torch.equal(a.vmax[:, :, : S // 64], vb.amax(2).transpose(1, 2))
+    assert torch.equal(a.vmin[:, :, -1], v.float()[:, S // 64 * 64 :].amin(1))
+    for x, y in zip((a.qsum, a.ksum, a.vsum), (b.qsum, b.ksum, b.vsum)):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-5)  # other sub-tile order
+    c = routing.block_sums(q, k, v, minmax=True, config=FAST)
+    for x, y in zip((a.qsum, a.ksum, a.vsum, a.vmax), (c.qsum, c.ksum, c.vsum, c.vmax)):
+        assert torch.equal(x, y)  # fixed order: bitwise the same run to run
+    mu_k, mu_v, v_amax = a.kv_moments()
+    torch.testing.assert_close(mu_k, k.double().mean(1).float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mu_v, v.double().mean(1).float(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(v_amax, (v.float() - mu_v[:, None]).abs().amax(1))  # exact given mu
+    plain = a.kv_moments(smooth_k=False, smooth_v=False)
+    assert not plain[0].any() and torch.equal(plain[2], v.float().abs().amax(1))
+
+
+CASES = [  # (S, H, Hkv, D, recipe, (text, audio))
+    (1100, 4, 2, 64, "fp8_sol_kv_corrected", (14, 60)),
+    (577, 4, 4, 128, "fp8_sol_k:sol_threshold=diag,sol_tau=0.5", (9, 30)),
+    (700, 4, 2, 128, "fp8_sol_unsmoothed:sol_tau=-0.3,sol_band=2", (0, 0)),
+    (1000, 4, 4, 64, "fp8_sol_kv_corrected:sol_tau=2.5", (3, 200)),
+]
+
+
+@cpu_only
+@pytest.mark.parametrize("S,H,Hkv,D,name,prefix", CASES)
+def test_sol_routing_equals_the_twin_up_to_rounding_ties(S, H, Hkv, D, name, prefix):
+    q, k, v, layout = synthetic(S, H, Hkv, D, seed=S + D, prefix=prefix)
+    rec = get_recipe(name)
+    sums = routing.block_sums(q, k, v, config=FAST)
+    r = routing.sol_routing(q, k, v, rec, layout=layout, sums=sums)
+    twin, margin, scores, (kcent, vsum, lens) = twin_sol(q, k, v, rec, layout)
+    n_diff, n_outside, n_near = disagreements(r.exact, twin, margin, scores)
+    print(f"sol {name} S={S}: {n_diff} rounding disagreements, {n_near} pairs in the band, "
+          f"of {twin.numel()}; density {r.density:.4f}")
+    assert n_outside == 0
+    assert n_near <= 1e-3 * twin.numel()  # the band stays a rounding band
+    assert 0.05 < r.density < 1.0
+    assert abs(r.density - float(twin.double().mean())) <= n_diff / twin.numel() + 1e-12
+    check_lists(r)
+    # what the summary route reads: smoothed K block means, smoothed V block sums, lengths
+    torch.testing.assert_close(r.kc, kcent, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(r.vc, vsum, rtol=1e-5, atol=1e-4)
+    assert torch.equal(r.lens, lens.float())
+    # the sink: every key block holding a prefix row is exact for every query block
+    n_sink = -(-layout.prefix_len // 64)
+    assert bool(r.exact[..., :n_sink].all())
+    band = (torch.arange(r.exact.shape[-2])[:, None] - torch.arange(r.exact.shape[-1])).abs()
+    assert bool(r.exact[..., band <= rec.sol_band].all())
+
+
+@cpu_only
+def test_sol_tau_edges_and_density_search():
+    q, k, v, layout = synthetic(640, 4, 2, 64, seed=5, prefix=(10, 60))
+    sums = routing.block_sums(q, k, v, config=FAST)
+    rec = get_recipe("fp8_sol_kv_corrected")
+    every = routing.sol_routing(q, k, v, rec.with_(sol_tau=-math.inf), layout=layout, sums=sums)
+    assert bool(every.exact.all()) and every.density == 1.0
+    assert torch.equal(every.blocks, torch.arange(10, dtype=torch.int32).expand_as(every.blocks))
+    floor = routing.sol_routing(q, k, v, rec.with_(sol_tau=math.inf), layout=layout, sums=sums)
+    twin, *_ = twin_sol(q, k, v, rec.with_(sol_tau=math.inf), layout)
+    assert torch.equal(floor.exact, twin)  # band + sink only: no score decides
+    # 10 x 10 blocks: the band |i - j| <= 1 (28 pairs) and the sink columns 0, 1 (70 prefix
+    # rows; 20 pairs, 5 of them in the band)
+    assert floor.density == pytest.approx(43 / 100)
+    assert routing.sol_tau_for_density(q, k, v, rec, 1.0, layout=layout, sums=sums) == -math.inf
+    assert routing.sol_tau_for_density(q, k, v, rec, 0.1, layout=layout, sums=sums) == math.inf
+    for target in (0.6, 0.75):
+        tau = routing.sol_tau_for_density(q, k, v, rec, target, layout=layout, sums=sums)
+        r = routing.sol_routing(q, k, v, rec.with_(sol_tau=tau), layout=layout, sums=sums)
+        assert abs(r.density - target) <= 0.02, (target, tau, r.density)  # 400 pairs a head
+    with pytest.raises(ValueError, match="target"):
+        routing.sol_tau_for_density(q, k, v, rec, 1.5, layout=layout, sums=sums)
+
+
+VSA_CASES = [
+    (1100, 4, 2, 64, "vsa_bf16", (14, 60)),
+    (640, 4, 4, 128, "vsa_bf16:vsa_prefix=compete,vsa_keep=0.3", (20, 50)),
+    (577, 4, 2, 64, "fp8_dense_kv_corrected:sparsity=vsa,vsa_keep=0.15", (0, 0)),
+]
+
+
+@cpu_only
+@pytest.mark.parametrize("S,H,Hkv,D,name,prefix", VSA_CASES)
+def test_vsa_routing_equals_the_twin_up_to_rounding_ties(S, H, Hkv, D, name, prefix):
+    q, k, v, layout = synthetic(S, H, Hkv, D, seed=S + 1, prefix=prefix)
+    rec = get_recipe(name)
+    r = routing.vsa_routing(q, k, v, rec, layout=layout,
+                            sums=routing.block_sums(q, k, v, config=FAST))
+    twin, margin, scores = twin_vsa(q, k, rec, layout)
+    n_diff, n_outside, n_near = disagreements(r.exact, twin, margin, scores)
+    print(f"vsa {name} S={S}: {n_diff} rounding disagreements, {n_near} pairs in the band")
+    assert n_outside == 0 and n_near <= 1e-3 * twin.numel()
+    nk = twin.shape[-1]
+    n_prefix = -(-layout.prefix_len // 64)
+    keep = vsa_keep_count(rec, nk, n_prefix)
+    extra = n_prefix if rec.vsa_prefix == "exempt" else 0
+    assert bool((r.counts == keep + extra).all())  # top-k: the same count for every query tile
+    check_lists(r)
+    assert r.kc is None and r.vc is None
+
+
+@cpu_only
+def test_bad_inputs_are_refused_with_the_name():
+    q, k, v, layout = synthetic(200, 4, 2, 64)
+    with pytest.raises(ValueError, match="sparsity is 'dense'"):
+        routing.sol_routing(q, k, v, "fp8_dense", layout=layout)
+    with pytest.raises(ValueError, match="dense recipes"):
+        routing.route(q, k, v, "fp8_dense")
+    with pytest.raises(ValueError, match="layout"):
+        routing.route(q, k, v, "fp8_sol_k", layout=SegmentLayout(video=100))
+    with pytest.raises(ValueError, match="k and v"):
+        routing.block_sums(q, k[:, :, :, :32], v)
+    with pytest.raises(ValueError, match="block"):
+        routing.block_sums(q, k, v, block=48)
+    sums = routing.block_sums(q, k, v, block=32, config=FAST)
+    with pytest.raises(ValueError, match="sums"):
+        routing.sol_routing(q, k, v, "fp8_sol_k", sums=sums)
+    with pytest.raises(ValueError, match="minmax"):
+        sums.kv_moments()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_h3_shape_routing_on_the_gpu_matches_the_twin():
+    """(1, 32626, 56, 128) synthetic H3 input, the live layout's 370-row sink: Sol exact / diag
+    and VSA maps against the twin on CUDA; prints the rounding-disagreement counts."""
+    from workbench.synthetic import H3_SYNTHETIC
+
+    q, k, v = (t.contiguous() for t in synthetic_qkv(H3_SYNTHETIC, device="cuda"))
+    layout = H3_SYNTHETIC.layout
+    sums = routing.block_sums(q, k, v, minmax=True)
+    mu_k, mu_v, _ = sums.kv_moments()
+    torch.testing.assert_close(mu_k, k.double().mean(1).float(), rtol=1e-5, atol=1e-5)
+    total = 0
+    for name in ("fp8_sol_kv_corrected", "fp8_sol_kv_corrected:sol_threshold=diag",
+                 "fp8_sol_kv_corrected:sol_tau=0.2"):
+        rec = get_recipe(name)
+        r = routing.sol_routing(q, k, v, rec, layout=layout, sums=sums)
+        twin, margin, scores, (kcent, _, _) = twin_sol(q, k, v, rec, layout)
+        n_diff, n_outside, n_near = disagreements(r.exact, twin, margin, scores)
+        print(f"H3 {name}: density {r.density:.4f} (twin {float(twin.float().mean()):.4f}), "
+              f"{n_diff} rounding disagreements, {n_near} pairs in the band of {twin.numel()}")
+        assert n_outside == 0 and n_near <= 1e-3 * twin.numel()
+        torch.testing.assert_close(r.kc, kcent, rtol=1e-4, atol=1e-5)
+        total += n_diff
+        del twin, margin, scores
+    rec = get_recipe("vsa_bf16")
+    r = routing.vsa_routing(q, k, v, rec, layout=layout)
+    twin, margin, scores = twin_vsa(q, k, rec, layout)
+    n_diff, n_outside, n_near = disagreements(r.exact, twin, margin, scores)
+    print(f"H3 vsa_bf16: density {r.density:.4f}, {n_diff} rounding disagreements, "
+          f"{n_near} in the band")
+    assert n_outside == 0 and n_near <= 1e-3 * twin.numel()
+    check_lists_gpu = r.blocks.sort(-1).values
+    assert torch.equal(check_lists_gpu,
+                       torch.arange(r.exact.shape[-1], device="cuda", dtype=torch.int32)
+                       .expand_as(check_lists_gpu))

@@ -1,0 +1,237 @@
+"""The block-sparse FP8 attention kernel (Sol and VSA on routing lists) against its torch twin,
+``recipe_attention`` with the sparse recipe, and against the dense kernel.
+
+CPU tests run the kernels in Triton's interpreter at small shapes (partial last blocks, odd list
+lengths, GQA, prefix rows); the GPU tests (marked) run the compiled kernels at larger shapes.
+Tolerance rule, as for the dense kernel: the kernel's relative L2 error against float64 is at most
+1.25x the emulation's own error.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from workbench.attention import (  # noqa: E402
+    SegmentLayout,
+    dense_attention_f64,
+    evenly_spaced_rows,
+    recipe_attention,
+)
+from workbench.kernels import dispatch  # noqa: E402
+from workbench.kernels.attention_fp8 import fp8_attention_fwd  # noqa: E402
+from workbench.kernels.config import DEFAULT, SparseConfig  # noqa: E402
+from workbench.kernels.quantize import quantize_qkv  # noqa: E402
+from workbench.recipes import get_recipe  # noqa: E402
+from workbench.synthetic import small_config, synthetic_qkv  # noqa: E402
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
+                              reason="interpreter tests; the GPU tests cover CUDA")
+
+
+def synthetic(S, H, Hkv, D, seed=0, prefix=(10, 40), device=None):
+    cfg = small_config(S, heads=H, kv_heads=Hkv, head_dim=D, rotated=96 if D >= 128 else 48,
+                       seed=seed)
+    q, k, v = synthetic_qkv(cfg, device=device)
+    text, audio = prefix
+    return q, k, v, SegmentLayout(text=text, audio=audio, video=S - text - audio)
+
+
+def rel_l2(x, ref):
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+def operands(q, k, v, recipe, layout):
+    """The quantized operands and the routing of a sparse recipe, as the dispatch makes them."""
+    mu_k, mu_v, v_amax, route = dispatch.sparse_routing(q, k, v, recipe, layout,
+                                                        q.shape[-1] ** -0.5)
+    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
+                       smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction)
+    return qkv, route
+
+
+@cpu_only
+@pytest.mark.parametrize("S,block_n,tma,schedule", [
+    (330, 128, True, "heavy_first"),  # partial last block, an odd list: the masked half tile
+    (320, 64, False, "rows"),  # 64-key tiles, gathered loads, full blocks
+    (384, 128, False, "heavy_first"),  # S a multiple of the 128-key tile
+])
+def test_every_block_exact_is_the_dense_kernel_bitwise(S, block_n, tma, schedule):
+    """tau = -inf routes every block exactly: the list walk visits the dense kernel's tiles in its
+    order with its masks, so output and LSE are the same bits (one KV part)."""
+    q, k, v, layout = synthetic(S, 2, 1, 64, seed=S)
+    rec = get_recipe("fp8_sol_kv_corrected:sol_tau=-inf")
+    qkv, route = operands(q, k, v, rec, layout)
+    assert route.density == 1.0
+    att = replace(DEFAULT.attention, block_n=block_n, use_tma=False)
+    dense, dense_lse = fp8_attention_fwd(qkv, num_heads=2, scale=1 / 8, return_lse=True,
+                                         config=att)
+    sparse = SparseConfig(schedule=schedule, kv_splits=1, tma=tma)
+    out, lse = fp8_attention_fwd(qkv, num_heads=2, scale=1 / 8, return_lse=True, config=att,
+                                 routing=route, sparse=sparse)
+    assert torch.equal(out, dense) and torch.equal(lse, dense_lse)
+
+
+CASES = [  # (S, H, Hkv, D, recipe)
+    (400, 4, 2, 64, "fp8_sol_kv_corrected"),
+    (333, 2, 2, 128, "fp8_sol_k:sol_threshold=diag,sol_tau=0.5,p_scaling=exp2_offset8"),
+    (400, 2, 2, 64, "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3"),
+]
+
+
+@cpu_only
+@pytest.mark.parametrize("S,H,Hkv,D,name", CASES)
+def test_sparse_kernel_error_within_125_percent_of_the_emulation(S, H, Hkv, D, name):
+    q, k, v, layout = synthetic(S, H, Hkv, D, seed=S + D)
+    ref, _ = dense_attention_f64(q, k, v)
+    emu = recipe_attention(q, k, v, name, layout=layout)
+    out, lse = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, return_lse=True,
+                                             config=DEFAULT.with_sparse(kv_splits=1,
+                                                                        summary_precision="ieee"))
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    e_k, e_e = rel_l2(out, ref), rel_l2(emu.out, ref)
+    print(f"{name}: kernel {e_k:.4e}, emulation {e_e:.4e}, density {emu.exact_fraction:.3f}")
+    assert 0.05 < emu.exact_fraction < 0.95  # a sparse case: both routes run
+    assert e_k <= 1.25 * e_e
+    assert rel_l2(out, emu.out.double()) < 0.3 * e_e  # the twin, up to FP8 rounding
+    rows = slice(layout.prefix_len, None)  # prefix rows: the kernel's LSE is of its FP8 rows
+    lse_k = lse.transpose(1, 2)[:, rows].double()
+    assert float((lse_k - emu.lse[:, rows].double()).abs().max()) < 2e-2
+
+
+@cpu_only
+def test_kv_parts_summary_precisions_and_schedules_agree():
+    """The heavy-first work list and gathered loads give the one-part result's bits. KV parts
+    (2, 4 + the combine pass) round P against each part's own running max, and BF16 summary
+    operands round the summary weights: FP8-level differences, each within the tolerance rule
+    and far closer to the one-part result than either is to float64."""
+    q, k, v, layout = synthetic(330, 2, 1, 64, seed=9)
+    rec = get_recipe("fp8_sol_kv_corrected:sol_tau=0.5,dense_prefix=false")
+    ref, _ = dense_attention_f64(q, k, v)
+    e_emu = rel_l2(recipe_attention(q, k, v, rec, layout=layout).out, ref)
+    qkv, route = operands(q, k, v, rec, layout)
+    kw = dict(num_heads=2, scale=1 / 8, return_lse=True, routing=route)
+    base, base_lse = fp8_attention_fwd(qkv, sparse=SparseConfig(
+        schedule="rows", kv_splits=1, summary_precision="ieee"), **kw)
+    same, _ = fp8_attention_fwd(qkv, sparse=SparseConfig(
+        schedule="heavy_first", kv_splits=1, summary_precision="ieee", tma=False), **kw)
+    assert torch.equal(same, base)
+    e_base = rel_l2(base, ref)
+    for sparse in (SparseConfig(kv_splits=2, summary_precision="ieee"),
+                   SparseConfig(kv_splits=4, summary_chunk=16, summary_precision="ieee"),
+                   SparseConfig(kv_splits=1, summary_precision="bf16")):
+        out, lse = fp8_attention_fwd(qkv, sparse=sparse, **kw)
+        assert rel_l2(out, ref) <= 1.25 * e_emu, sparse
+        assert rel_l2(out, base.double()) < 0.2 * e_base, sparse
+        assert float((lse - base_lse).abs().max()) < 1e-2
+
+
+def test_sparse_config_rules_and_refusals():
+    assert SparseConfig().splits_for(28560, 132) == 1  # H3: 72 waves of 3 programs per SM
+    assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
+    assert SparseConfig(kv_splits=2).splits_for(28560, 132) == 2
+    for bad in (dict(schedule="random"), dict(kv_splits=3), dict(summary_precision="fp8"),
+                dict(summary_chunk=48)):
+        with pytest.raises(ValueError, match="SparseConfig"):
+            SparseConfig(**bad)
+    cfg = DEFAULT.from_overrides({"sparse": {"kv_splits": 4}})
+    assert cfg.sparse.kv_splits == 4 and cfg.attention == DEFAULT.attention
+    with pytest.raises(ValueError, match="section"):
+        DEFAULT.from_overrides({"sparsity": {}})
+
+
+@cpu_only
+def test_sparse_launch_refuses_mismatched_routing_and_tiles():
+    q, k, v, layout = synthetic(200, 2, 2, 64)
+    rec = get_recipe("fp8_sol_kv_corrected")
+    qkv, route = operands(q, k, v, rec, layout)
+    with pytest.raises(ValueError, match="block_m"):
+        fp8_attention_fwd(qkv, num_heads=2, scale=1 / 8, routing=route,
+                          config=replace(DEFAULT.attention, block_m=128))
+    q2, k2, v2, layout2 = synthetic(300, 2, 2, 64)
+    qkv2, _ = operands(q2, k2, v2, rec, layout2)
+    with pytest.raises(ValueError, match="routing: lists"):
+        fp8_attention_fwd(qkv2, num_heads=2, scale=1 / 8, routing=route)
+    with pytest.raises(ValueError, match="block_m"):
+        dispatch.fp8_recipe_attention(q, k, v, rec, layout=layout,
+                                      config=DEFAULT.with_attention(block_m=128))
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU (compiled kernels)
+
+hopper = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+    reason="needs a Hopper (sm_90+) CUDA GPU")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("shape,name,sparse", [
+    ((4111, 4, 4, 128), "fp8_sol_kv_corrected", SparseConfig()),
+    ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sol_threshold=diag,sol_tau=0.3",
+     SparseConfig(kv_splits=1, summary_precision="tf32")),
+    ((2000, 4, 2, 64), "fp8_sol_k:sol_tau=1.5", SparseConfig(kv_splits=4, tma=False)),
+    ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
+     SparseConfig(kv_splits=1, schedule="rows")),
+    ((2000, 4, 2, 64), "fp8_sol_kv_corrected:p_scaling=exp2_offset8",
+     SparseConfig(kv_splits=2, summary_precision="ieee")),
+])
+def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
+    S, H, Hkv, D = shape
+    q, k, v, layout = synthetic(S, H, Hkv, D, seed=S + D, prefix=(14, 100), device="cuda")
+    idx = evenly_spaced_rows(S, 256).cuda()
+    ref, _ = dense_attention_f64(q, k, v, query_index=idx)
+    emu = recipe_attention(q, k, v, name, query_index=idx, layout=layout)
+    out = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout,
+                                        config=replace(DEFAULT, sparse=sparse))
+    assert out.isfinite().all()
+    e_k, e_e = rel_l2(out[:, idx], ref), rel_l2(emu.out, ref)
+    print(f"GPU {name} {shape} {sparse}: kernel {e_k:.4e} emulation {e_e:.4e} "
+          f"density {emu.exact_fraction:.3f}")
+    assert e_k <= 1.25 * e_e, (e_k, e_e)
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_every_block_exact_is_the_dense_kernel_bitwise():
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=1, device="cuda")
+    rec = get_recipe("fp8_sol_kv_corrected:sol_tau=-inf")
+    qkv, route = operands(q, k, v, rec, layout)
+    dense, _ = fp8_attention_fwd(qkv, num_heads=4, scale=128**-0.5)
+    for tma in (True, False):
+        out, _ = fp8_attention_fwd(qkv, num_heads=4, scale=128**-0.5, routing=route,
+                                   sparse=SparseConfig(kv_splits=1, tma=tma))
+        diff = (out.float() - dense.float()).abs()
+        ulp = dense.float().abs().clamp(min=1e-2) * 2.0**-8
+        print(f"GPU all-exact vs dense (tma={tma}): {int((diff > 0).sum())} of {diff.numel()} "
+              f"differ, max {float(diff.max()):.3e}")
+        assert bool((diff <= ulp).all())  # the last bit of BF16 at most
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_h3_rows_sol_against_the_emulation():
+    """8 heads of the synthetic H3 input at its full length: Sol at tau = 1 on 256 rows."""
+    from workbench.synthetic import H3_SYNTHETIC
+
+    q, k, v = (t.contiguous() for t in synthetic_qkv(H3_SYNTHETIC, heads=range(8),
+                                                     device="cuda"))
+    layout = H3_SYNTHETIC.layout
+    idx = evenly_spaced_rows(q.shape[1], 256).cuda()
+    ref, _ = dense_attention_f64(q, k, v, query_index=idx)
+    emu = recipe_attention(q, k, v, "fp8_sol_kv_corrected", query_index=idx, layout=layout)
+    out = dispatch.fp8_recipe_attention(q, k, v, "fp8_sol_kv_corrected", layout=layout)
+    e_k, e_e = rel_l2(out[:, idx], ref), rel_l2(emu.out, ref)
+    print(f"GPU H3 8 heads: kernel {e_k:.4e} emulation {e_e:.4e} density "
+          f"{emu.exact_fraction:.4f}")
+    assert e_k <= 1.25 * e_e and math.isfinite(e_k)
+

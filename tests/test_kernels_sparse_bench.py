@@ -1,0 +1,250 @@
+"""CPU parts of the sparse benchmarks and their GPU script: argument parsing, the tables, the VSA
+keep fraction for a target density, and that the modules import where the GPU machine lacks
+zarr / plotly / xarray / Jupyter (a real subprocess with those imports made to fail)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # the smoke runs route in Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from workbench.attention.sparsity import vsa_keep_count  # noqa: E402
+from workbench.bench import dit, sparse  # noqa: E402
+from workbench.recipes import get_recipe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpu_script():
+    spec = importlib.util.spec_from_file_location("gpu_sparse", ROOT / "scripts" / "gpu_sparse.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("n,n_prefix", [(510, 6), (18, 2), (10, 0)])
+def test_vsa_keep_fraction_routes_the_target_density(n, n_prefix):
+    rec = get_recipe("vsa_bf16")
+    for d in (0.1, 0.2, 0.35, 0.5, 0.9):
+        keep = sparse.vsa_keep_for_density(d, n, n_prefix)
+        count = vsa_keep_count(rec.with_(vsa_keep=keep), n, n_prefix) + n_prefix
+        assert count == n_prefix + min(n - n_prefix, max(1, round(d * n) - n_prefix)), (d, keep)
+    assert sparse.vsa_keep_for_density(1.0, n, n_prefix) == 1.0
+
+
+def sparse_report():
+    return {
+        "env": {"device": "H200", "torch": "2.11", "triton": "3.6", "date": "2026-12-01"},
+        "config": {"shape": [1, 32626, 56, 128], "prefix": 370, "threshold": "exact",
+                   "rows": 64},
+        "rows": [
+            dict(variant="sdpa_cudnn_bf16", route="dense", density=1.0, tau=None, ms=50.0,
+                 rel_l2=1.7e-3, ns_per_exact_pair=3.4),
+            dict(variant="ours fp8_dense_kv_corrected", route="dense", density=1.0, tau=None,
+                 ms=40.0, rel_l2=1.7e-3, emu_rel_l2=1.6e-3),
+            dict(variant="ours FP8 Sol exact", route="sol", density=0.15, tau=1.0, ms=5.0,
+                 rel_l2=6e-3, emu_rel_l2=5.9e-3),
+            dict(variant="ours FP8 VSA", route="vsa", density=0.15, tau=None,
+                 skipped="ValueError: backend 'kernel': no kernel supports recipe", note="k"),
+            dict(variant="NVIDIA sol_attn exact BF16", route="sol", density=0.15, tau=1.0,
+                 ms=10.0, rel_l2=6.5e-3),
+        ],
+        "routing": [dict(what="block sums of Q, K, V", ms=0.5, read_tbs=2.8,
+                         pct_of_dense_fp8=1.25)],
+    }
+
+
+def test_sparse_table_has_the_ratios_and_the_skip_reasons():
+    md = sparse.markdown(sparse_report())
+    sol = next(ln for ln in md.splitlines() if ln.startswith("| ours FP8 Sol"))
+    cells = [c.strip() for c in sol.split("|")]
+    assert cells[4] == "5.000" and cells[6] == "10.00" and cells[7] == "2.00"  # x SDPA, x NVIDIA
+    assert "skipped: ValueError: backend 'kernel'" in md
+    nv = next(ln for ln in md.splitlines() if ln.startswith("| NVIDIA"))
+    assert [c.strip() for c in nv.split("|")][7] == ""  # no ratio of the peer against itself
+    assert "| block sums of Q, K, V | 0.500 | 1.25 |  | 2.80 |" in md
+
+
+def test_sparse_arguments():
+    a = sparse.parse_args([])
+    cfg = sparse.config_from_args(a)
+    assert cfg.densities == sparse.DENSITIES and cfg.heads == 56 and cfg.seq_len is None
+    b = sparse.config_from_args(sparse.parse_args(["--densities", "0.25", "--no-peer",
+                                                   "--threshold", "diag"]))
+    assert b.densities == (0.25,) and not b.peer and b.threshold == "diag"
+    with pytest.raises(SystemExit) as exc:
+        sparse.parse_args(["--densities", "0.2", "1.5"])
+    assert exc.value.code == 2
+
+
+def test_dit_table_and_arguments(capsys):
+    report = {"config": {"blocks": 4, "repeats": 5}, "seq_len": 32626, "rows": [
+        dict(variant="sdpa_cudnn", ms=415.0, x_cudnn=1.0),
+        dict(variant="ours FP8 Sol exact", ms=207.5, x_cudnn=2.0, target=0.2, density=0.2013,
+             out_rel_l2_vs_cudnn=4e-3),
+        dict(variant="ours FP8 Sol exact", target=0.1, density=0.1, skipped="ValueError: x"),
+    ]}
+    md = dit.markdown(report)
+    assert "| ours FP8 Sol exact | 0.2013 | 207.5 | 2.00 | 4.00e-03 | target 0.20 |" in md
+    assert "skipped: ValueError: x" in md
+    assert "skipped: no diffusers" in dit.markdown({**report, "skipped": "no diffusers"})
+    assert dit.parse_args(["--blocks", "2"]).blocks == 2
+    with pytest.raises(SystemExit):
+        dit.parse_args(["--blocks", "0"])
+    assert "--blocks" in capsys.readouterr().err
+
+
+def test_gpu_script_commands_and_summary(tmp_path):
+    g = gpu_script()
+    args = g.parse_args(["--out", str(tmp_path), "--skip", "dit", "--densities", "0.2", "1"])
+    tests = g.stage_command("tests", args, 100)
+    assert tests[tests.index("-m", 3) + 1] == "gpu" and "tests/test_kernels_routing.py" in tests
+    bench = g.stage_command("sparse", args, 100)
+    assert bench[bench.index("--budget-s") + 1] == "70" and "--no-sweep" in bench
+    assert "--no-sweep" not in g.stage_command("sparse", g.parse_args(["--sweep"]), 100)
+    assert bench[bench.index("--densities") + 1 : bench.index("--densities") + 3] == ["0.2", "1.0"]
+    with pytest.raises(ValueError, match="stage"):
+        g.stage_command("nope", args, 10)
+    with pytest.raises(SystemExit):
+        g.parse_args(["--densities", "0"])
+    (tmp_path / "sparse.json").write_text(json.dumps(sparse_report()))
+    (tmp_path / "pytest.txt").write_text(
+        ".H3 fp8_sol_kv_corrected: density 0.1487 (twin 0.1487), 3 rounding disagreements\n"
+        "1 passed in 60.0s\n")
+    text = g.summary(str(tmp_path), ["tests: rc 0 in 61 s"])
+    assert "routing: H3 fp8_sol_kv_corrected: density 0.1487" in text
+    sol = next(ln for ln in text.splitlines() if ln.startswith("ours FP8 Sol"))
+    assert sol.split()[4:7] == ["0.1500", "5.000", "10.00"]  # density, ms, x SDPA
+    assert "ours FP8 VSA" in text and "skipped" in text and "1.25% of dense FP8" in text
+
+
+BLOCKER = """
+import importlib.abc, importlib.machinery, sys
+
+class Absent(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise ImportError(f"No module named {spec.name!r}")
+
+    def exec_module(self, module):
+        pass
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"zarr", "plotly", "xarray", "jupyter", "ipywidgets"}:
+            return importlib.machinery.ModuleSpec(name, Absent())
+        return None
+
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_bench_modules_work_without_the_notebook_stack(tmp_path):
+    """What the GPU machine lacks: the bench modules, the routing and the GPU script import, and
+    the interception point still replaces attention in a real (tiny) H3 model."""
+    script = str(ROOT / "scripts" / "gpu_sparse.py")
+    code = BLOCKER + textwrap.dedent(f"""
+        import importlib.util, torch
+        from workbench.bench import dit, sparse
+        from workbench.kernels import routing
+        from workbench.models import load_model
+        spec = importlib.util.spec_from_file_location("g", {script!r})
+        g = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(g)
+        g.parse_args(["--out", {str(tmp_path)!r}])
+        Interceptor = dit.interceptor_class()
+        m = load_model("h3-tiny")
+        seg, clip = m.layout.segments, m.config.clip
+        calls = []
+
+        def handler(call):
+            calls.append(call.layer)
+            return torch.zeros_like(call.q)
+
+        video = torch.randn(1, seg.video, 3 * 2 * 4 * 4)
+        audio = torch.randn(1, seg.audio, clip.audio_block)
+        text = torch.randn(1, clip.num_text, clip.text_dim)
+        with Interceptor(m.model, handler):
+            a = m.forward_packed(video, audio, text, 0.5, 0.5)[0]
+        b = m.forward_packed(video, audio, text, 0.5, 0.5)[0]
+        bad = sorted(k for k in sys.modules if k.split(".")[0] in {{"zarr", "plotly", "xarray"}})
+        print("calls", calls, "differs", bool((a - b).abs().max() > 0), "loaded", bad)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1"),
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "calls [0, 1] differs True loaded []" in p.stdout
+
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU smoke runs")
+
+
+@cpu_only
+def test_sparse_bench_smoke_run_on_the_cpu(tmp_path, capsys):
+    """The whole command at a small size: the routing and the tau / keep search run
+    (interpreter), the emulation errors are real numbers, the GPU-only variants are skipped with
+    their reason, and the JSON report and markdown table are written."""
+    assert sparse.main(["--device", "cpu", "--heads", "2", "--seq", "512", "--rows", "8",
+                        "--densities", "0.6", "1", "--taus", "2.0", "--no-sweep",
+                        "--json", str(tmp_path / "r.json"),
+                        "--markdown", str(tmp_path / "r.md")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert (tmp_path / "r.md").read_text() in capsys.readouterr().out
+    names = [r["variant"] for r in report["rows"]]
+    assert names == ["sdpa_cudnn_bf16", "ours fp8_dense_kv_corrected", "ours FP8 Sol exact",
+                     "ours FP8 VSA", "ours FP8 Sol exact", "ours FP8 VSA", "ours FP8 Sol exact"]
+    assert all("kernel" in r["skipped"] for r in report["rows"][1:])  # no CPU kernels
+    assert "sol_attn" in report["peer"]
+    sol = [r for r in report["rows"] if r["route"] == "sol"]
+    assert abs(sol[0]["density"] - 0.6) <= 0.05 and sol[1]["density"] == 1.0
+    assert sol[1]["tau"] == -math.inf and sol[2]["tau"] == 2.0 and sol[2]["density"] < 0.6
+    vsa = [r for r in report["rows"] if r["route"] == "vsa"]
+    assert vsa[0]["density"] == 5 / 8 and vsa[1]["density"] == 1.0  # round(0.6 * 8) tiles
+    errs = [r["emu_rel_l2"] for r in report["rows"][1:]]
+    assert all(0 < e < 0.05 for e in errs), errs
+    assert len(report["routing"]) == 2 + 2 * 2 + 1
+    assert "ours FP8 Sol exact" in sparse.markdown(report)
+
+
+def test_sweep_configs_change_one_option_each():
+    from workbench.kernels.config import DEFAULT
+
+    configs = sparse.sweep_configs(DEFAULT)
+    labels = [label for label, _ in configs]
+    assert len(set(labels)) == len(labels) and configs[0][1] == DEFAULT
+    for label, cfg in configs[1:]:
+        changed = [f for f in ("attention", "sparse") if getattr(cfg, f) != getattr(DEFAULT, f)]
+        assert len(changed) == 1, label
+        a, b = getattr(cfg, changed[0]), getattr(DEFAULT, changed[0])
+        assert sum(getattr(a, n) != getattr(b, n) for n in a.__dataclass_fields__) == 1, label
+
+
+@cpu_only
+def test_dit_bench_smoke_run_on_the_cpu():
+    """A small H3 transformer: the interception, the per-block tau calibration and the table run;
+    the CUDA-only attention variants are skipped with their reason."""
+    small = dict(num_attention_heads=2, attention_head_dim=128, hidden_size=128, ffn_dim=256,
+                 in_channels=4, audio_in_channels=8, text_dim=32, freq_dim=32,
+                 time_embed_hidden_dim=64, time_embed_dim=32, num_refiner_layers=1)
+    cfg = dit.DitBenchConfig(device="cpu", blocks=2, densities=(0.6, 1.0), repeats=1, text=4,
+                             audio=8, video_grid=(2, 16, 16), model=small)
+    report = dit.run(cfg, log=lambda *a: None)
+    assert report["seq_len"] == 4 + 8 + 512
+    rows = report["rows"]
+    assert [r["variant"] for r in rows] == ["sdpa_cudnn", "ours fp8_dense_kv_corrected",
+                                           "ours FP8 Sol exact", "ours FP8 Sol exact"]
+    assert all("skipped" in r for r in rows[1:])
+    assert len(rows[2]["taus"]) == 2 and rows[3]["taus"] == [-math.inf, -math.inf]
+    assert abs(rows[2]["density"] - 0.6) <= 0.05 and rows[3]["density"] == 1.0
+    assert "target 0.60" not in dit.markdown(report)  # skipped rows show the reason instead

@@ -1,0 +1,385 @@
+"""Block-sparse attention at the H3 shape: FP8 Sol and VSA against dense FP8, SDPA cuDNN BF16 and
+NVIDIA's BF16 Sol attention, on synthetic H3 inputs (GPU).
+
+    python -m workbench.bench.sparse --json sparse.json --markdown sparse.md
+
+Inputs: ``workbench.synthetic.synthetic_qkv`` at the live shape (1, 32626, 56, 128) with its
+layout (370 prefix rows: the Sol sink and the BF16 prefix rows), or ``--seq`` for a smaller
+``small_config``. Sol's tau per target density is found with the GPU routing
+(``routing.sol_tau_for_density``; 100% = tau -inf), plus the anchor taus (default 1, the recipe's
+and the reference measurement's); VSA's keep fraction is set so that it routes
+the same density (prefix tiles exempt), on the same recipe otherwise (K/V smoothing, V-bias
+correction, BF16 prefix rows).
+
+Rows, each with the exact density, the full-call time (``harness.median_ms``: CUDA-event median),
+the time per exact (64 x 64) block pair and the relative L2 error against float64 dense attention
+on ``rows`` evenly spaced query rows (prefix rows included); "emu" is the recipe's torch emulation
+(``recipe_attention``, the kernels' twin) on the same rows:
+- ``sdpa_cudnn_bf16`` (dense), ours ``fp8_dense_kv_corrected`` (dense, full call);
+- ours FP8 Sol / FP8 VSA per density (``run_attention(..., backend="kernel")``; a row says
+  "skipped" with the reason while no sparse kernel supports the recipe);
+- NVIDIA ``sol_attn`` (CuTe DSL, SM90, BF16; optional: timed when importable, e.g. the caller puts
+  it on PYTHONPATH) at the same tau, threshold and sink (``sink_start=0, sink_tokens=prefix``);
+  its density column is our routing's at that tau;
+- routing: the block-sum pass alone (read rate of Q, K and V) and the whole Sol / VSA routing;
+- the sparse kernel's options (``sweep_configs``: schedule, KV splits, loads, summary precision,
+  register cap, 64-key tiles) at the anchor tau, full calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import site
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+DENSITIES = (0.10, 0.20, 0.35, 0.50, 1.0)
+SOL_RECIPE = "fp8_sol_kv_corrected"
+DENSE_RECIPE = "fp8_dense_kv_corrected"
+
+
+@dataclass(frozen=True)
+class SparseBenchConfig:
+    """What one run measures. seq_len None = the live H3 layout (32,626 rows)."""
+
+    heads: int = 56
+    seq_len: int | None = None
+    densities: tuple[float, ...] = DENSITIES
+    threshold: str = "exact"  # Sol's theta: full covariance ("exact") or its diagonal
+    rows: int = 64
+    rep_ms: int = 300
+    emulate: bool = True
+    peer: bool = True
+    budget_s: float = 300.0  # no new variant starts after this many seconds
+    seed: int = 0
+    anchor_taus: tuple[float, ...] = (1.0,)  # Sol rows at these taus too (the recipe's default)
+    sweep: bool = True  # time the sparse kernel's options (config.SparseConfig) at the anchor
+    sol_recipe: str = SOL_RECIPE  # the base of the Sol and VSA rows (tau / keep set per density)
+    dense_recipe: str = DENSE_RECIPE
+    device: str = "cuda"  # "cpu": a smoke run of the plumbing (routing in Triton's interpreter)
+
+
+def vsa_keep_for_density(density: float, n_tiles: int, n_prefix: int) -> float:
+    """The ``vsa_keep`` whose exempt-prefix selection routes round(density * n_tiles) tiles per
+    query tile (the prefix tiles plus ceil(keep * video tiles)); 1.0 at density 1."""
+    n_video = n_tiles - n_prefix
+    if density >= 1.0 or n_video <= 0:
+        return 1.0
+    m = min(n_video, max(1, round(density * n_tiles) - n_prefix))
+    return (m - 0.5) / n_video  # ceil((m - 0.5)) = m, away from rounding at the integer
+
+
+def load_sol_attn():
+    """(NVIDIA's ``sol_attn`` function or None, one-line reason when None).
+
+    The CuTe DSL wheels installed with ``pip --target DIR`` rely on a .pth file that only site
+    directories run; add such directories on sys.path as site dirs first."""
+    for p in list(sys.path):
+        if p and os.path.isfile(os.path.join(p, "nvidia_cutlass_dsl_packages.pth")):
+            site.addsitedir(p)
+    try:
+        from sol_attn import sol_attn
+    except Exception as exc:  # noqa: BLE001 - any import failure means the peer is absent
+        return None, f"sol_attn does not import ({type(exc).__name__}: {str(exc)[:120]})"
+    return sol_attn, ""
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device: str, rep_ms: int) -> float:
+    """CUDA: do_bench's event median (``harness.median_ms``); CPU: one wall time (smoke runs)."""
+    if device == "cuda":
+        from .harness import median_ms
+
+        return median_ms(fn, rep_ms=rep_ms)
+    t = time.perf_counter()
+    fn()
+    return 1e3 * (time.perf_counter() - t)
+
+
+def sweep_configs(base) -> list[tuple[str, object]]:
+    """(label, KernelConfig) of the sparse kernel's options, each one change from `base`."""
+    return [
+        ("default", base),
+        ("rows order", base.with_sparse(schedule="rows")),
+        ("kv_splits 2", base.with_sparse(kv_splits=2)),
+        ("kv_splits 4", base.with_sparse(kv_splits=4)),
+        ("gathered loads", base.with_sparse(tma=False)),
+        ("summary tf32", base.with_sparse(summary_precision="tf32")),
+        ("summary chunk 32", base.with_sparse(summary_chunk=32)),
+        ("maxnreg 232", base.with_sparse(maxnreg=232)),
+        ("64-key tiles", base.with_attention(block_n=64)),
+    ]
+
+
+def _rel_l2(out_rows: torch.Tensor, ref: torch.Tensor) -> float:
+    o = out_rows.double()
+    return float((o - ref).norm() / ref.norm())
+
+
+def _inputs(cfg: SparseBenchConfig):
+    from workbench.synthetic import H3_SYNTHETIC, small_config, synthetic_qkv
+
+    if cfg.seq_len is None:
+        syn = replace(H3_SYNTHETIC, heads=cfg.heads, seed=cfg.seed)
+    else:
+        syn = small_config(cfg.seq_len, heads=cfg.heads, seed=cfg.seed)
+    q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device=cfg.device))
+    return q, k, v, syn.layout
+
+
+def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
+    """Measure every variant (see the module docstring). Returns {env, config, routing, rows}."""
+    from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
+    from workbench.attention.runner import run_attention
+    from workbench.kernels import routing
+    from workbench.recipes import get_recipe
+
+    from .harness import env_info
+    from .peers import build_peer
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("sparse bench: device 'cuda' but no CUDA GPU (use --device cpu for a "
+                         "smoke run)")
+    dev = cfg.device
+    t0 = time.time()
+    q, k, v, layout = _inputs(cfg)
+    B, S, H, D = q.shape
+    prefix = layout.prefix_len
+    idx = evenly_spaced_rows(S, cfg.rows).to(q.device)
+    ref, _ = dense_attention_f64(q, k, v, query_index=idx)
+    nb = -(-S // 64)
+    pairs = B * H * nb * nb
+    report = {"env": env_info(), "config": {**asdict(cfg), "shape": [B, S, H, D],
+                                             "prefix": prefix, "layout": layout.to_dict()},
+              "routing": [], "rows": []}
+    log(f"inputs {tuple(q.shape)} {q.dtype}, prefix {prefix} rows, {time.time() - t0:.1f} s")
+
+    def over_budget() -> bool:
+        return time.time() - t0 > cfg.budget_s
+
+    def record(variant, fn, *, route="dense", density=1.0, tau=None, emu=None, note=""):
+        row = dict(variant=variant, route=route, density=density, tau=tau, emu_rel_l2=emu,
+                   note=note)
+        report["rows"].append(row)
+        if over_budget():
+            row["skipped"] = f"time budget {cfg.budget_s:.0f} s reached"
+            log(f"  {variant}: skipped (budget)")
+            return row
+        try:
+            out = fn()
+            sync(dev)
+            row["rel_l2"] = _rel_l2(out[:, idx], ref)
+            del out
+            row["ms"] = time_ms(fn, dev, cfg.rep_ms)
+        except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the table
+            row["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            log(f"  {variant}: skipped ({row['skipped']})")
+            torch.cuda.empty_cache()
+            return row
+        row["ns_per_exact_pair"] = row["ms"] * 1e6 / (density * pairs)
+        log(f"  {variant:34s} density {density:.4f} {row['ms']:8.3f} ms "
+            f"relL2 {row['rel_l2']:.3e}" + (f" (emu {emu:.3e})" if emu is not None else ""))
+        torch.cuda.empty_cache()
+        return row
+
+    def emulate(recipe) -> float | None:
+        if not cfg.emulate or over_budget():
+            return None
+        res = recipe_attention(q, k, v, recipe, query_index=idx, layout=layout)
+        err = _rel_l2(res.out, ref)
+        del res
+        torch.cuda.empty_cache()
+        return err
+
+    # dense references
+    sdpa = build_peer("sdpa_cudnn", B, S, H, D)
+    record("sdpa_cudnn_bf16", lambda: sdpa.full(q, k, v))
+    dense = get_recipe(cfg.dense_recipe)
+    dense_row = record(f"ours {dense.name}", lambda: run_attention(
+        q, k, v, dense, layout=layout, backend="kernel"), emu=emulate(dense))
+
+    # routing: the block-sum pass and the tau for each density
+    sol_base = get_recipe(cfg.sol_recipe).with_(sol_threshold=cfg.threshold)
+    n_bytes = sum(t.numel() * t.element_size() for t in (q, k, v))
+    for minmax in (False, True):
+        ms = time_ms(lambda mm=minmax: routing.block_sums(q, k, v, minmax=mm), dev, cfg.rep_ms)
+        what = "block sums of Q, K, V" + (" + V extremes (replaces kv_stats)" if minmax else "")
+        report["routing"].append(dict(what=what, ms=ms, read_tbs=n_bytes / (ms * 1e-3) / 1e12))
+        log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
+    sums = routing.block_sums(q, k, v)
+    n_prefix_tiles = -(-prefix // 64)
+    plan = []  # (Sol recipe, its density, VSA recipe or None, its density)
+    targets = [(d, None) for d in cfg.densities] + [(None, t) for t in cfg.anchor_taus]
+    for d, tau in targets:
+        if tau is None:
+            tau = routing.sol_tau_for_density(q, k, v, sol_base, d, layout=layout, sums=sums)
+        sol = sol_base.with_(sol_tau=tau)
+        r = routing.sol_routing(q, k, v, sol, layout=layout, sums=sums)
+        ms_sol = time_ms(lambda sol=sol: routing.sol_routing(q, k, v, sol, layout=layout),
+                         dev, cfg.rep_ms)
+        report["routing"].append(dict(what=f"sol routing tau={tau:.4g}", target=d, ms=ms_sol,
+                                      density=r.density))
+        log(f"  target {d}: sol tau {tau:.4g} density {r.density:.4f} routing {ms_sol:.3f} ms")
+        vsa = rv_density = None
+        if d is not None:
+            vsa = sol_base.with_(sparsity="vsa", vsa_tile=64,
+                                 vsa_keep=vsa_keep_for_density(d, nb, n_prefix_tiles))
+            rv_density = routing.vsa_routing(q, k, v, vsa, layout=layout, sums=sums).density
+            ms_vsa = time_ms(lambda vsa=vsa: routing.vsa_routing(q, k, v, vsa, layout=layout),
+                             dev, cfg.rep_ms)
+            report["routing"].append(dict(what=f"vsa routing keep={vsa.vsa_keep:.4g}",
+                                          target=d, ms=ms_vsa, density=rv_density))
+            log(f"  target {d:.2f}: vsa keep {vsa.vsa_keep:.4g} density {rv_density:.4f} "
+                f"routing {ms_vsa:.3f} ms")
+        plan.append((sol, r.density, vsa, rv_density))
+        del r
+    del sums
+    torch.cuda.empty_cache()
+    if "ms" in dense_row:
+        for r in report["routing"]:
+            r["pct_of_dense_fp8"] = 100 * r["ms"] / dense_row["ms"]
+
+    # ours, sparse (skipped with the reason where no kernel supports the recipe)
+    for sol, dens, vsa, dens_v in plan:
+        record(f"ours FP8 Sol {cfg.threshold}", lambda sol=sol: run_attention(
+            q, k, v, sol, layout=layout, backend="kernel"), route="sol", density=dens,
+            tau=sol.sol_tau, emu=emulate(sol))
+        if vsa is not None:
+            record("ours FP8 VSA", lambda vsa=vsa: run_attention(
+                q, k, v, vsa, layout=layout, backend="kernel"), route="vsa", density=dens_v,
+                emu=emulate(vsa), note=f"keep={vsa.vsa_keep:.4g}")
+
+    # NVIDIA's Sol attention at the same tau, threshold and sink
+    sol_attn, why = load_sol_attn() if cfg.peer else (None, "disabled (--no-peer)")
+    if sol_attn is None or D != 128 or k.shape[2] != H:
+        why = why or "sol_attn needs head dim 128 and as many K/V heads as query heads"
+        report["peer"] = why
+        log(f"  NVIDIA sol_attn: skipped ({why})")
+    else:
+        for sol, dens, _, _ in plan:
+            record(f"NVIDIA sol_attn {cfg.threshold} BF16", lambda sol=sol: sol_attn(
+                q, k, v, tau=sol.sol_tau, thresh_type=cfg.threshold, sink_start=0,
+                sink_tokens=prefix, kv_splits=1), route="sol", density=dens, tau=sol.sol_tau,
+                note="density: ours at the same tau")
+
+    # the sparse kernel's options at the last plan entry (the anchor tau): what the defaults of
+    # config.SparseConfig are to be chosen from
+    if cfg.sweep:
+        from workbench.kernels.config import DEFAULT
+        from workbench.kernels.dispatch import fp8_recipe_attention
+
+        sol, dens, _, _ = plan[-1]
+        for label, kcfg in sweep_configs(DEFAULT):
+            record(f"ours FP8 Sol {cfg.threshold} [{label}]", lambda kcfg=kcfg, sol=sol:
+                   fp8_recipe_attention(q, k, v, sol, layout=layout, config=kcfg),
+                   route="sol", density=dens, tau=sol.sol_tau, note="option sweep")
+    report["total_s"] = time.time() - t0
+    return report
+
+
+def _fmt(x, spec: str) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(report: dict) -> str:
+    """Two tables: the attention variants (ratios against SDPA cuDNN and against NVIDIA's Sol at
+    the same tau) and the routing passes."""
+    env, c = report["env"], report["config"]
+    lines = [f"Device {env.get('device')}, torch {env.get('torch')}, triton {env.get('triton')}, "
+             f"{env.get('date')}. Synthetic H3 input {tuple(c['shape'])}, prefix {c['prefix']} "
+             f"rows (Sol sink, BF16 prefix rows), Sol threshold {c['threshold']}; accuracy: "
+             f"rel-L2 vs float64 on {c['rows']} evenly spaced rows.", ""]
+    rows = report["rows"]
+    base = next((r.get("ms") for r in rows if r["variant"] == "sdpa_cudnn_bf16"), None)
+    peer = {r["tau"]: r.get("ms") for r in rows if r["variant"].startswith("NVIDIA")}
+    lines += ["| variant | tau | exact density | ms | ns / exact block | x SDPA cuDNN "
+              "| x NVIDIA Sol | rel-L2 vs f64 | emu rel-L2 | note |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ms = r.get("ms")
+        x_sdpa = _fmt(base / ms, ".2f") if base and ms else ""
+        ours_sol = r["route"] == "sol" and not r["variant"].startswith("NVIDIA")
+        p = peer.get(r["tau"]) if ours_sol else None
+        x_peer = _fmt(p / ms, ".2f") if p and ms else ""
+        note = r.get("skipped") and f"skipped: {r['skipped']}" or r.get("note", "")
+        lines.append(
+            f"| {r['variant']} | {_fmt(r['tau'], '.4g')} | {r['density']:.4f} | {_fmt(ms, '.3f')} "
+            f"| {_fmt(r.get('ns_per_exact_pair'), '.2f')} | {x_sdpa} | {x_peer} "
+            f"| {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} | {note} |")
+    if report.get("peer"):
+        lines += ["", f"NVIDIA sol_attn: {report['peer']}"]
+    lines += ["", "| routing pass | ms | % of dense FP8 full call | exact density | read TB/s |",
+              "|---|---|---|---|---|"]
+    for r in report["routing"]:
+        lines.append(f"| {r['what']} | {r['ms']:.3f} | {_fmt(r.get('pct_of_dense_fp8'), '.2f')} "
+                     f"| {_fmt(r.get('density'), '.4f')} | {_fmt(r.get('read_tbs'), '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workbench.bench.sparse",
+                                description="block-sparse attention at the H3 shape (GPU)")
+    p.add_argument("--heads", type=int, default=56, help="query (= K/V) heads")
+    p.add_argument("--seq", type=int, default=None,
+                   help="sequence length of a small synthetic layout (default: live H3)")
+    p.add_argument("--densities", type=float, nargs="+", default=list(DENSITIES))
+    p.add_argument("--threshold", choices=("exact", "diag"), default="exact")
+    p.add_argument("--rows", type=int, default=64, help="query rows for accuracy vs float64")
+    p.add_argument("--rep-ms", type=int, default=300)
+    p.add_argument("--budget-s", type=float, default=300.0)
+    p.add_argument("--no-emulate", action="store_true", help="skip the torch emulation error")
+    p.add_argument("--no-peer", action="store_true", help="skip NVIDIA's sol_attn")
+    p.add_argument("--no-sweep", action="store_true", help="skip the sparse kernel's options")
+    p.add_argument("--taus", type=float, nargs="*", default=[1.0],
+                   help="Sol rows (and NVIDIA's) at these taus too")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: a smoke run of the plumbing (set TRITON_INTERPRET=1)")
+    p.add_argument("--json", default=None)
+    p.add_argument("--markdown", default=None)
+    args = p.parse_args(argv)
+    bad = [d for d in args.densities if not 0.0 < d <= 1.0]
+    if bad:
+        p.error(f"--densities: {bad} not in (0, 1]")
+    if args.heads < 1 or args.rows < 1:
+        p.error("--heads and --rows must be >= 1")
+    return args
+
+
+def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
+    return SparseBenchConfig(heads=args.heads, seq_len=args.seq,
+                             densities=tuple(args.densities), threshold=args.threshold,
+                             rows=args.rows, rep_ms=args.rep_ms, emulate=not args.no_emulate,
+                             peer=not args.no_peer, budget_s=args.budget_s, device=args.device,
+                             sweep=not args.no_sweep, anchor_taus=tuple(args.taus))
+
+
+def write_report(report: dict, md: str, json_path: str | None, md_path: str | None) -> None:
+    """Print the table; write the report as JSON and the table as markdown where asked."""
+    print(md)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    if md_path:
+        with open(md_path, "w") as f:
+            f.write(md)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    report = run(config_from_args(args))
+    write_report(report, markdown(report), args.json, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""Where a store may be written, and how one is replaced or removed without touching other files.
+
+Rules (every writer: capture, resume, overwrite, archive):
+
+- a path that does not exist, or an empty directory, may receive a new store;
+- an existing file, or a directory that is not a workbench capture store (no ``zarr.json`` with
+  ``schema = "workbench.capture"``), is refused, naming the path; ``--overwrite`` does not change
+  that, because it may only replace a capture store;
+- a store that holds files the store layout does not own (anything but ``zarr.json``,
+  ``entries/`` and the writer lock at the top level) is not replaced either: those files would go
+  with it;
+- a store is replaced by building the new one beside it (a temporary sibling) and swapping, so a
+  failure leaves the old store intact.
+
+Removal only ever deletes the store-owned names (``STORE_NAMES``), never a whole tree blindly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from .schema import LOCK_NAME, SCHEMA_NAME, CaptureStoreError, SchemaVersionError
+
+# Top-level names a capture store owns; everything under entries/ is the store's.
+STORE_NAMES = ("zarr.json", "entries", LOCK_NAME)
+
+
+def store_schema_of(path: Path) -> str | None:
+    """The root ``schema`` attribute of the zarr group at ``path`` ('' when the JSON is not a
+    readable zarr group; None when there is no zarr.json)."""
+    meta = path / "zarr.json"
+    if not meta.is_file():
+        return None
+    try:
+        attrs = json.loads(meta.read_text()).get("attributes")
+        return str(attrs.get("schema", "")) if isinstance(attrs, dict) else ""
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def is_capture_store(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and store_schema_of(p) == SCHEMA_NAME
+
+
+def foreign_names(store: Path, limit: int = 5) -> list[str]:
+    """Top-level entries of ``store`` that a capture store does not own (at most ``limit``)."""
+    out = []
+    for p in sorted(store.iterdir()):
+        if p.name not in STORE_NAMES:
+            out.append(p.name + ("/" if p.is_dir() else ""))
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _examples(path: Path, limit: int = 3) -> str:
+    names = []
+    for p in sorted(path.iterdir())[:limit]:
+        names.append(p.name + ("/" if p.is_dir() else ""))
+    return ", ".join(names)
+
+
+def check_target(path: str | os.PathLike, *, resume: bool = False, overwrite: bool = False,
+                 flag: str = "", can_resume: bool = True) -> str:
+    """Classify ``path`` as a store destination, refusing what must not be written.
+
+    Returns "new" (missing, or an empty directory), "resume" (a store to continue) or "replace"
+    (a store to overwrite). Raises CaptureStoreError naming the path (after ``flag``, the CLI
+    word for it) otherwise; ``can_resume=False`` for writers without ``--resume`` (archive).
+    """
+    p = Path(path)
+    where = f"{flag} {p}" if flag else str(p)
+    if p.exists() and not p.is_dir():
+        raise CaptureStoreError(f"{where}: exists and is not a directory; a capture store is a "
+                                f"directory: choose another path")
+    if not p.exists():
+        for parent in p.parents:  # the nearest existing ancestor must be a writable directory
+            if parent.exists():
+                if not parent.is_dir():
+                    raise CaptureStoreError(f"{where}: {parent} is a file, not a directory")
+                break
+        return "new"
+    if all(c.name == LOCK_NAME for c in p.iterdir()):
+        return "new"  # empty, or a writer's lock only (stale: taken over; live: refused then)
+    schema = store_schema_of(p)
+    if schema != SCHEMA_NAME:
+        what = (f"its zarr.json has schema={schema!r}" if schema is not None else
+                f"it holds other files ({_examples(p)})")
+        error = SchemaVersionError if schema is not None else CaptureStoreError
+        raise error(
+            f"{where}: exists and is not a workbench capture store ({what}); refusing to write "
+            f"into it (--overwrite only replaces a capture store): choose a new path"
+        )
+    if resume:
+        return "resume"
+    if not overwrite:
+        how = "pass --resume to continue it or --overwrite to replace it" if can_resume else \
+            "pass --overwrite to replace it"
+        raise CaptureStoreError(f"{where}: a capture store already exists; {how}")
+    foreign = foreign_names(p)
+    if foreign:
+        raise CaptureStoreError(
+            f"{where}: the store also holds files that are not part of it ({', '.join(foreign)})"
+            f"; --overwrite would delete them: move them out first"
+        )
+    return "replace"
+
+
+def remove_store_files(store: Path, keep_lock: bool = False) -> None:
+    """Delete the store-owned names of ``store`` (not the directory, not other files);
+    ``keep_lock``: leave the lock file to its holder's release."""
+    for name in STORE_NAMES:
+        if keep_lock and name == LOCK_NAME:
+            continue
+        p = store / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def remove_store(store: Path) -> None:
+    """Delete a store directory that holds only store-owned names; leave anything else."""
+    remove_store_files(store)
+    try:
+        store.rmdir()
+    except OSError:
+        pass  # not empty: something else lives there, keep it
+
+
+def make_dirs(path: Path, made: list[Path] | None = None) -> list[Path]:
+    """mkdir -p ``path``; the directories created are appended to ``made`` as they are made
+    (outermost first, so a failure halfway still leaves the list of what to remove)."""
+    made = [] if made is None else made
+    for d in reversed([path, *path.parents]):
+        if not d.exists():
+            d.mkdir()
+            made.append(d)
+    return made
+
+
+def remove_made_dirs(made: list[Path]) -> None:
+    """rmdir the directories ``make_dirs`` created (innermost first), as long as they are empty."""
+    for d in reversed(made):
+        try:
+            d.rmdir()
+        except OSError:
+            break
+
+
+def sibling(path: Path, tag: str) -> Path:
+    """A hidden, unique sibling path of ``path`` (same filesystem, so renames are atomic)."""
+    return path.parent / f".{path.name}.{tag}-{os.getpid()}-{time.time_ns() % 10**9}"

@@ -1,0 +1,149 @@
+"""Argument grammar shared by every ``workbench`` subcommand.
+
+Integer lists (layers, steps, heads): ``0,2,5``, inclusive ranges ``0-3``, mixes ``0-3,8``, or
+``all`` (every one: returned as None). Counts, devices and output paths are checked here too, before
+any work starts. Every error is a ValueError (or argparse's own) naming the flag, which
+``workbench.cli.main`` prints as one line ``workbench CMD: error: ...`` with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+from pathlib import Path
+
+MAX_LIST = 100_000  # longest list a range may expand to (a typo like 0-9999999999 is an error)
+_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+LIST_GRAMMAR = "integers like 0,2,5 or ranges like 0-3"
+
+
+def _grammar(allow_all: bool) -> str:
+    return LIST_GRAMMAR + (", or all" if allow_all else "")
+
+
+def parse_int_list(text: str | None, flag: str, *, allow_all: bool = True) -> list[int] | None:
+    """``0,2,5`` / ``0-3`` / ``0-3,8`` -> sorted-as-given list without repeats; ``all`` or None ->
+    None (no selection). Negative numbers are not indices here and are refused."""
+    if text is None:
+        return None
+    s = str(text).strip()
+    if allow_all and s.lower() == "all":
+        return None
+    if not s:
+        raise ValueError(f"{flag}: empty; give {_grammar(allow_all)}")
+    out: list[int] = []
+    seen: set[int] = set()
+    for part in s.split(","):
+        part = part.strip()
+        m = _ITEM.fullmatch(part)
+        if not m:
+            raise ValueError(f"{flag}: {part!r} is not a non-negative integer or a range "
+                             f"(in {s!r}); give {_grammar(allow_all)}")
+        lo = int(m[1])
+        hi = int(m[2]) if m[2] is not None else lo
+        if hi < lo:
+            raise ValueError(f"{flag}: range {part!r} runs backwards; write {hi}-{lo}")
+        if hi - lo + len(out) >= MAX_LIST:
+            raise ValueError(f"{flag}: {part!r} expands to more than {MAX_LIST} values")
+        for x in range(lo, hi + 1):
+            if x not in seen:
+                seen.add(x)
+                out.append(x)
+    return out
+
+
+def check_in_range(values: list[int] | None, n: int, flag: str, owner: str, unit: str) -> None:
+    """Every value of an index list must lie in [0, n): '--layers: [99] out of range for h3-tiny,
+    which has 2 blocks (0-1)'."""
+    if values is None:
+        return
+    bad = [x for x in values if not 0 <= x < n]
+    if bad:
+        raise ValueError(f"{flag}: {bad} out of range for {owner}, which has {n} {unit} "
+                         f"(0-{n - 1})")
+
+
+def _int_at_least(lo: int, what: str):
+    """argparse type: an integer >= lo (argparse names the flag in its one-line error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    parse.__name__ = what  # argparse shows it for a type it cannot apply
+    return parse
+
+
+positive_int = _int_at_least(1, "a positive integer")
+nonneg_int = _int_at_least(0, "an integer >= 0")
+
+
+def check_device(text: str, flag: str = "--device") -> str:
+    """A torch device string that exists on this machine."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{flag}: {text!r} is not a torch device (cpu, cuda, cuda:1, ...)") \
+            from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{flag} {text}: CUDA is not available on this machine (torch "
+                             f"{torch.__version__}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{flag} {text}: this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s)")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{flag} {text}: MPS is not available on this machine; use --device cpu")
+    return text
+
+
+def _nearest_existing(path: Path) -> Path:
+    for p in (path, *path.parents):
+        if p.exists():
+            return p
+    return Path(".")
+
+
+def _probe_write(base: Path, flag: str, p: Path) -> None:
+    """Create and delete a temporary file in ``base``: permission bits do not tell a read-only
+    filesystem, or root, apart."""
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag} {p}: cannot write in {base} ({exc.strerror or exc})") from None
+
+
+def check_out_dir(path, flag: str = "--out") -> Path:
+    """An output folder: absent (it will be made) or a directory, where a file can be written
+    (probed in the nearest existing folder)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {p}: exists and is a file, not a folder; choose another path")
+    base = _nearest_existing(p)
+    if not base.is_dir():
+        raise ValueError(f"{flag} {p}: {base} is a file, not a folder")
+    _probe_write(base, flag, p)
+    return p
+
+
+def check_out_file(path, flag: str) -> Path:
+    """An output file: not a directory, in a folder that exists or can be made."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {p}: is a folder; give a file path (e.g. {p / 'table.json'})")
+    if p.parent != p and p.parent.exists() and not p.parent.is_dir():
+        raise ValueError(f"{flag} {p}: {p.parent} is a file, not a folder")
+    base = _nearest_existing(p.parent)
+    if not base.is_dir():
+        raise ValueError(f"{flag} {p}: {base} is a file, not a folder")
+    _probe_write(base, flag, p)
+    return p

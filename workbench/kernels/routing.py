@@ -1,0 +1,383 @@
+"""Block routing for the sparse recipes on the GPU: Sol (exact / summary routes) and VSA (top-k).
+
+Torch twins: ``workbench.attention.sparsity.sol_block_map`` and ``vsa_block_map`` (what
+``recipe_attention`` routes with). The decisions are the twin's up to float rounding: a pair whose
+coarse score lies within rounding of its threshold (Sol's theta_i, VSA's k-th largest score) may be
+decided the other way, because the block sums are added in another order.
+
+Which part runs where:
+- Triton (``_block_sums_kernel``, memory-bound, one read of Q, K and V): per (batch, head,
+  ``block``-token block) the FP32 sums of Q, K and V, and optionally V's per-block channel max and
+  min. Fixed summation order, no atomics: bitwise the same output run to run.
+- torch (small dense parts, [B, H, nq, nk] with nq = nk = 510 at the H3 shape): block means, K/V
+  centring of the block sums, the coarse scores and thresholds (the twin's own ``sol_scores`` /
+  ``sol_exact`` / ``vsa_select``), and the compaction into per-query-block lists.
+
+K centring costs no second read: mean_t(K - mu_K) over a block = mean_t(K) - mu_K, and the block
+sums of V - mu_V are sum_t(V) - len * mu_V. mu_K and mu_V themselves (and V's centred absmax) follow
+from the same sums and per-block max/min (``BlockSums.kv_moments``), so a sparse call can skip the
+separate statistics pass.
+
+Output layout (``BlockRouting``), read by an attention kernel without a second pass:
+- ``blocks`` [B, H, nq, nk] int32: per query block a permutation of the key blocks, the exact ones
+  first in ascending order, then the summary (not exact) ones in ascending order;
+- ``counts`` [B, H, nq] int32: how many of them are exact (the list length);
+- Sol's summary route: ``kc`` [B, Hkv, nk, D] FP32 block means of the (smoothed) K, ``vc``
+  [B, Hkv, nk, D] FP32 block sums of the (smoothed) V, ``lens`` [nk] block lengths, and ``exact``
+  [B, H, nq, nk] bool (the complement list is ``blocks[..., counts:]``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from workbench.attention.layout import InputError, SegmentLayout, check_qkv
+from workbench.attention.sparsity import LOG2E, sol_exact, sol_scores, sol_threshold, vsa_select
+from workbench.recipes import AttentionRecipe, get_recipe
+
+from .e4m3 import interpreting
+
+
+@dataclass(frozen=True)
+class BlockPassConfig:
+    """Launch shape of the block-sum pass. rows: tokens per sub-tile (the block is summed as
+    block / rows sub-tiles added elementwise, then one reduction over rows: small per-thread
+    accumulators, several loads in flight)."""
+
+    rows: int = 16
+    num_warps: int = 4
+
+
+BLOCK_PASS = BlockPassConfig()
+
+
+@triton.jit
+def _sum_rows(X, base, stride_s, t0, S, d, HEAD_D: tl.constexpr, ROWS: tl.constexpr,
+              N_SUB: tl.constexpr, MINMAX: tl.constexpr):
+    """Sum (and max / min) over the tokens [t0, t0 + ROWS * N_SUB) of one head, per channel."""
+    acc = tl.zeros([ROWS, HEAD_D], tl.float32)
+    hi = tl.full([ROWS, HEAD_D], float("-inf"), tl.float32)
+    lo = tl.full([ROWS, HEAD_D], float("inf"), tl.float32)
+    for i in tl.static_range(N_SUB):
+        t = t0 + i * ROWS + tl.arange(0, ROWS)
+        ok = (t < S)[:, None]
+        x = tl.load(X + base + t[:, None] * stride_s + d[None, :], mask=ok, other=0.0)
+        x = x.to(tl.float32)
+        acc += x
+        if MINMAX:
+            hi = tl.maximum(hi, tl.where(ok, x, float("-inf")))
+            lo = tl.minimum(lo, tl.where(ok, x, float("inf")))
+    return tl.sum(acc, axis=0), tl.max(hi, axis=0), tl.min(lo, axis=0)
+
+
+@triton.jit
+def _block_sums_kernel(
+    Q, K, V, QS, KS, VS, VMAX, VMIN,
+    S, H, GROUP, n_blocks,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    HEAD_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, MINMAX: tl.constexpr,
+):
+    """Grid (B * H, n_blocks), heads first: the programs launched together read whole [H * D]
+    token rows. Every program sums its query head's block; the first query head of each GQA
+    group also sums the K and V block of its K/V head."""
+    bh = tl.program_id(0)
+    blk = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    d = tl.arange(0, HEAD_D)
+    t0 = blk * BLOCK
+    N_SUB: tl.constexpr = BLOCK // ROWS
+    qs, _, _ = _sum_rows(Q, b * stride_qb + h * stride_qh, stride_qs, t0, S, d, HEAD_D, ROWS,
+                         N_SUB, False)
+    tl.store(QS + (bh * n_blocks + blk) * HEAD_D + d, qs)
+    if h % GROUP == 0:
+        hk = h // GROUP
+        o = ((b * (H // GROUP) + hk) * n_blocks + blk) * HEAD_D + d
+        ks, _, _ = _sum_rows(K, b * stride_kb + hk * stride_kh, stride_ks, t0, S, d, HEAD_D,
+                             ROWS, N_SUB, False)
+        tl.store(KS + o, ks)
+        vs, vmax, vmin = _sum_rows(V, b * stride_vb + hk * stride_vh, stride_vs, t0, S, d,
+                                   HEAD_D, ROWS, N_SUB, MINMAX)
+        tl.store(VS + o, vs)
+        if MINMAX:
+            tl.store(VMAX + o, vmax)
+            tl.store(VMIN + o, vmin)
+
+
+@dataclass(frozen=True)
+class BlockSums:
+    """FP32 per-block sums of one Q/K/V read. nb = ceil(S / block); the last block may be partial.
+
+    qsum [B, H, nb, D]; ksum, vsum [B, Hkv, nb, D] of the raw (unsmoothed) operands; vmax, vmin
+    [B, Hkv, nb, D] per-block channel extremes of V (None unless asked); lens [nb] FP32 rows per
+    block.
+    """
+
+    qsum: torch.Tensor
+    ksum: torch.Tensor
+    vsum: torch.Tensor
+    vmax: torch.Tensor | None
+    vmin: torch.Tensor | None
+    lens: torch.Tensor
+    seq_len: int
+    block: int
+
+    @property
+    def qbar(self) -> torch.Tensor:
+        """[B, H, nb, D] block means of Q (as the twin's ``block_reduce``: sum / length)."""
+        return self.qsum / self.lens[:, None]
+
+    def kv_moments(self, *, smooth_k: bool = True, smooth_v: bool = True):
+        """(mu_k, mu_v, v_amax), [B, Hkv, D] FP32 each, from the block sums: mu = (sum of block
+        sums in block order) / S, v_amax = max_t |V - mu_V| (exact given mu: fl(v - mu) is
+        monotone in v, so the block extremes suffice). mu is zeros where not smoothed, as in
+        ``kv_stats``. Needs ``block_sums(..., minmax=True)``."""
+        if self.vmax is None or self.vmin is None:
+            raise ValueError("kv_moments: the block sums were taken without minmax=True")
+        n = float(self.seq_len)
+        zeros = torch.zeros_like(self.ksum[:, :, 0])
+        mu_k = self.ksum.sum(dim=2) / n if smooth_k else zeros
+        mu_v = self.vsum.sum(dim=2) / n if smooth_v else zeros
+        hi = (self.vmax.amax(dim=2) - mu_v).abs()
+        lo = (self.vmin.amin(dim=2) - mu_v).abs()
+        return mu_k, mu_v, torch.maximum(hi, lo)
+
+
+def _check_operands(q, k, v) -> tuple[int, int, int, int, int]:
+    B, S, H, Hkv, D = check_qkv(q, k, v, allow_nonfinite=True)
+    if k.shape[1] != S:
+        raise InputError(f"k: sequence length {k.shape[1]} does not match q's {S} "
+                         "(routing is for self-attention)")
+    if D & (D - 1) or not 16 <= D <= 256:
+        raise InputError(f"q: head dim {D} is not a power of two in [16, 256]")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise InputError(f"{name}: the last (head) dim must be contiguous")
+        if t.device.type != "cuda" and not interpreting():
+            raise InputError(f"{name}: on {t.device.type}; the routing kernel needs CUDA (or "
+                             "TRITON_INTERPRET=1 on the CPU)")
+    return B, S, H, Hkv, D
+
+
+def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int = 64,
+               minmax: bool = False, config: BlockPassConfig = BLOCK_PASS) -> BlockSums:
+    """One read of q [B, S, H, D], k / v [B, S, Hkv, D] -> ``BlockSums`` (see there)."""
+    B, S, H, Hkv, D = _check_operands(q, k, v)
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"block: {block} is not a power of two")
+    rows = min(config.rows, block)
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"BlockPassConfig.rows: {config.rows} is not a power of two")
+    nb = triton.cdiv(S, block)
+    f32 = {"dtype": torch.float32, "device": q.device}
+    qsum = torch.empty((B, H, nb, D), **f32)
+    kv = torch.empty((4 if minmax else 2, B, Hkv, nb, D), **f32)
+    # without minmax the extremes' pointers are the sums' (never written: MINMAX is constexpr)
+    _block_sums_kernel[(B * H, nb)](
+        q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1],
+        S, H, H // Hkv, nb,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        HEAD_D=D, BLOCK=block, ROWS=rows, MINMAX=minmax, num_warps=config.num_warps,
+    )
+    lens = torch.full((nb,), float(block), **f32)
+    lens[-1] = S - (nb - 1) * block
+    vmax, vmin = (kv[2], kv[3]) if minmax else (None, None)
+    return BlockSums(qsum, kv[0], kv[1], vmax, vmin, lens, S, block)
+
+
+@dataclass(frozen=True)
+class BlockRouting:
+    """Per-query-block key-block lists (see the module docstring for the layout).
+
+    blocks [B, H, nq, nk] int32 (exact blocks first, ascending, then the rest ascending);
+    counts [B, H, nq] int32; exact [B, H, nq, nk] bool; block: rows per block.
+    Sol only: kc [B, Hkv, nk, D] FP32 block means of the smoothed K; vc [B, Hkv, nk, D] FP32 block
+    sums of the smoothed V; lens [nk] FP32 block lengths (VSA: kc = vc = None).
+    """
+
+    blocks: torch.Tensor
+    counts: torch.Tensor
+    exact: torch.Tensor
+    block: int
+    lens: torch.Tensor
+    kc: torch.Tensor | None = None
+    vc: torch.Tensor | None = None
+
+    @property
+    def density(self) -> float:
+        """Fraction of (query block, key block) pairs computed exactly."""
+        return float(self.counts.sum(dtype=torch.float64)) / self.exact.numel()
+
+    @property
+    def density_per_head(self) -> torch.Tensor:
+        """[H] float64 exact fraction per query head (mean over batch and query blocks)."""
+        nk = self.exact.shape[-1]
+        return self.counts.double().mean(dim=(0, 2)) / nk
+
+    def exact_lists(self) -> torch.Tensor:
+        """[B, H, nq, nk_max] int32 view of the exact lists (entries past ``counts`` belong to the
+        summary list)."""
+        return self.blocks[..., : int(self.counts.max())]
+
+
+def compact_blocks(exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """exact [..., nk] bool -> (blocks [..., nk] int32: the exact key blocks ascending, then the
+    other blocks ascending; counts [...] int32 = number of exact blocks). One cumsum and one
+    scatter, no sort."""
+    nk = exact.shape[-1]
+    cs = exact.cumsum(-1, dtype=torch.int32)  # exact blocks among 0..j
+    counts = cs[..., -1]
+    j = torch.arange(nk, device=exact.device, dtype=torch.int32)
+    pos = torch.where(exact, cs - 1, counts[..., None] + j - cs)
+    blocks = torch.empty_like(cs).scatter_(-1, pos.long(), j.expand_as(cs))
+    return blocks, counts
+
+
+def _layout_for(layout: SegmentLayout | None, S: int) -> SegmentLayout:
+    layout = layout or SegmentLayout.all_video(S)
+    if layout.total != S:
+        raise ValueError(f"layout: segments sum to {layout.total} rows but the sequence has {S}")
+    return layout
+
+
+def _recipe_for(recipe, sparsity: str) -> AttentionRecipe:
+    recipe = get_recipe(recipe)
+    if recipe.sparsity != sparsity:
+        raise ValueError(f"recipe {recipe.to_string()!r}: sparsity is {recipe.sparsity!r}, "
+                         f"expected {sparsity!r}")
+    return recipe
+
+
+def _expand(t: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, Hkv, ...] -> [B, H, ...]: query head h reads K/V head h // group."""
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def sol_centred(sums: BlockSums, mu_k: torch.Tensor, mu_v: torch.Tensor):
+    """(kc [B, Hkv, nb, D] block means of K - mu_K, vc [B, Hkv, nb, D] block sums of V - mu_V)
+    from the raw block sums; mu [B, Hkv, D] (zeros for an unsmoothed operand)."""
+    kc = sums.ksum / sums.lens[:, None] - mu_k[:, :, None]
+    vc = sums.vsum - sums.lens[:, None] * mu_v[:, :, None]
+    return kc, vc
+
+
+def _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v):
+    """Shared front of Sol routing: (sums, qbar [B, H, nq, D], kc [B, H, nk, D], vc, c, group)."""
+    B, S, H, Hkv, D = _check_operands(q, k, v)
+    if sums is None:
+        sums = block_sums(q, k, v, block=recipe.sol_block, minmax=False)
+    elif sums.block != recipe.sol_block or sums.seq_len != S:
+        raise ValueError(f"sums: block {sums.block} / length {sums.seq_len} do not match the "
+                         f"recipe's sol_block {recipe.sol_block} / S = {S}")
+    zeros = torch.zeros_like(sums.ksum[:, :, 0])
+    if mu_k is None or mu_v is None:
+        n = float(S)
+        mu_k = sums.ksum.sum(dim=2) / n if mu_k is None else mu_k
+        mu_v = sums.vsum.sum(dim=2) / n if mu_v is None else mu_v
+    kc, vc = sol_centred(sums, mu_k if recipe.smooth_k else zeros,
+                         mu_v if recipe.smooth_v else zeros)
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    return sums, sums.qbar, kc, vc, scale * LOG2E, H // Hkv
+
+
+def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                recipe: AttentionRecipe | str, *, layout: SegmentLayout | None = None,
+                scale: float | None = None, sums: BlockSums | None = None,
+                mu_k: torch.Tensor | None = None, mu_v: torch.Tensor | None = None
+                ) -> BlockRouting:
+    """Sol routing of q [B, S, H, D] against k, v [B, S, Hkv, D] (raw, unsmoothed operands).
+
+    recipe: a ``sparsity="sol"`` recipe (tau, exact/diag threshold, band, block; its smoothing
+    says whether kc / vc are centred). mu_k / mu_v [B, Hkv, D]: the means the quantizer centres
+    with (default: from the block sums), so the summary route and the exact blocks agree.
+    sums: reuse a ``block_sums`` result (e.g. while sweeping tau).
+    """
+    recipe = _recipe_for(recipe, "sol")
+    layout = _layout_for(layout, q.shape[1])
+    sums, qbar, kc, vc, c, group = _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v)
+    scores, theta = sol_scores(qbar, _expand(kc, group), recipe, c)
+    exact = sol_exact(scores, theta, recipe, layout.prefix_len)
+    blocks, counts = compact_blocks(exact)
+    return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc)
+
+
+def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                recipe: AttentionRecipe | str, *, layout: SegmentLayout | None = None,
+                scale: float | None = None, sums: BlockSums | None = None) -> BlockRouting:
+    """VSA tile selection of q [B, S, H, D] against k [B, S, Hkv, D] (raw K, as the twin): coarse
+    scores of tile means, top ceil(keep * n) key tiles per query tile, prefix exempt / compete.
+    Tiles are contiguous rows: permute the video rows into cube order first
+    (``sparsity.tile_order``) for 3-D tiles."""
+    recipe = _recipe_for(recipe, "vsa")
+    B, S, H, Hkv, D = _check_operands(q, k, v)
+    layout = _layout_for(layout, S)
+    if sums is None:
+        sums = block_sums(q, k, v, block=recipe.vsa_tile)
+    elif sums.block != recipe.vsa_tile or sums.seq_len != S:
+        raise ValueError(f"sums: block {sums.block} / length {sums.seq_len} do not match the "
+                         f"recipe's vsa_tile {recipe.vsa_tile} / S = {S}")
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    kbar = _expand(sums.ksum / sums.lens[:, None], H // Hkv)
+    scores = (sums.qbar @ kbar.transpose(-1, -2)) * scale
+    exact = vsa_select(scores, recipe, layout.prefix_len)
+    blocks, counts = compact_blocks(exact)
+    return BlockRouting(blocks, counts, exact, recipe.vsa_tile, sums.lens)
+
+
+def route(q, k, v, recipe, *, layout=None, scale=None, **kw) -> BlockRouting:
+    """``sol_routing`` or ``vsa_routing`` by the recipe's sparsity."""
+    recipe = get_recipe(recipe)
+    if recipe.sparsity == "sol":
+        return sol_routing(q, k, v, recipe, layout=layout, scale=scale, **kw)
+    if recipe.sparsity == "vsa":
+        return vsa_routing(q, k, v, recipe, layout=layout, scale=scale, **kw)
+    raise ValueError(f"recipe {recipe.to_string()!r}: dense recipes have no block routing")
+
+
+def sol_tau_for_density(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        recipe: AttentionRecipe | str, target: float, *,
+                        layout: SegmentLayout | None = None, scale: float | None = None,
+                        sums: BlockSums | None = None, iters: int = 40) -> float:
+    """The Sol tau whose exact density (all query heads) is closest to `target` in [0, 1].
+
+    Bisection on tau with the scores and the threshold's mu and sigma computed once; returns -inf
+    for target >= 1 and +inf when the band and sink alone exceed the target."""
+    recipe = _recipe_for(recipe, "sol")
+    if not 0.0 <= target <= 1.0:
+        raise ValueError(f"target: density {target} is not in [0, 1]")
+    if target >= 1.0:
+        return -math.inf
+    layout = _layout_for(layout, q.shape[1])
+    _, qbar, kc, _, c, group = _sol_inputs(q, k, v, recipe, scale, sums, None, None)
+    kc_h = _expand(kc, group)
+    scores = (qbar @ kc_h.transpose(-1, -2)) * c
+    mu = sol_threshold(qbar, kc_h, 0.0, recipe.sol_threshold, c)
+    sigma = sol_threshold(qbar, kc_h, 1.0, recipe.sol_threshold, c) - mu
+    floor = sol_exact(torch.full_like(scores, -math.inf), mu, recipe, layout.prefix_len)
+
+    def density(tau: float) -> float:
+        return float(((scores > (mu + tau * sigma)[..., None]) | floor).float().mean())
+
+    if density(math.inf) >= target:
+        return math.inf
+    lo, hi = -1.0, 1.0
+    while density(lo) < target and lo > -1e6:
+        lo *= 2
+    while density(hi) > target and hi < 1e6:
+        hi *= 2
+    for _ in range(iters):  # density is non-increasing in tau
+        mid = 0.5 * (lo + hi)
+        if density(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return lo if abs(density(lo) - target) <= abs(density(hi) - target) else hi

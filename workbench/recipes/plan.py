@@ -1,0 +1,194 @@
+"""RecipePlan: a recipe per (step, layer), accepted wherever a recipe is.
+
+A plan is what ``workbench plan`` derives from a scan: for each (step, layer) entry the recipe that
+runs there, plus a default recipe for entries the plan does not cover. ``plan.at(step, layer)``
+returns that entry's ``AttentionRecipe``, so ``run_attention``, ``recipe_attention`` and
+``workbench generate / compare`` use a plan exactly as they use a recipe with a dense policy.
+``get_recipe`` recognises a plan from its JSON text or file (the ``"workbench_plan"`` key)::
+
+    workbench generate --recipe plan.json ...
+    workbench compare --recipes bf16,plan.json ...
+
+Plan JSON::
+
+    {"workbench_plan": 1, "name": "...", "default": "bf16",
+     "recipes": {"fp8_dense_k": {...recipe fields...}, "bf16": {...}},
+     "entries": [{"step": 0, "layer": 1, "recipe": "fp8_dense_k", "cost": 0.716, "note": "..."}],
+     "rule": {...}, "source": {...}, "expected_cost": {...}}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from .recipe import AttentionRecipe, RecipeError
+
+PLAN_MARKER = "workbench_plan"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """The recipe (a label of ``RecipePlan.recipes``) planned at one (step, layer)."""
+
+    step: int
+    layer: int
+    recipe: str
+    cost: float = float("nan")  # expected attention cost relative to dense BF16
+    note: str = ""  # why the rule chose it (e.g. "SQNR 31.2 dB >= 30")
+
+
+@dataclass(frozen=True)
+class RecipePlan:
+    """A recipe per (step, layer) entry, with a default for entries not listed.
+
+    recipes: {label: AttentionRecipe}; entries: one PlanEntry per planned (step, layer); default:
+    the label used elsewhere. rule / source / expected_cost: how the plan was made (kept in the
+    JSON for the reader; they do not change what runs).
+    """
+
+    recipes: Mapping[str, AttentionRecipe]
+    entries: tuple[PlanEntry, ...]
+    default: str = "bf16"
+    name: str = "plan"
+    rule: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    source: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    expected_cost: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.default not in self.recipes:
+            raise RecipeError(f"plan {self.name!r}: default recipe {self.default!r} is not in "
+                              f"its recipes {sorted(self.recipes)}")
+        seen = set()
+        for e in self.entries:
+            if e.recipe not in self.recipes:
+                raise RecipeError(f"plan {self.name!r}: entry (step {e.step}, layer {e.layer}) "
+                                  f"names recipe {e.recipe!r}, not in {sorted(self.recipes)}")
+            if (e.step, e.layer) in seen:
+                raise RecipeError(f"plan {self.name!r}: entry (step {e.step}, layer {e.layer}) "
+                                  "is listed twice")
+            seen.add((e.step, e.layer))
+
+    @cached_property
+    def _by_entry(self) -> dict[tuple[int, int], str]:
+        return {(e.step, e.layer): e.recipe for e in self.entries}
+
+    # -- what runs where ----------------------------------------------------------------------
+    def label_at(self, step: int | None, layer: int | None) -> str:
+        """The label of the recipe at (step, layer); the default where the plan has no entry
+        (including calls without a step or layer)."""
+        return self._by_entry.get((step, layer), self.default)
+
+    def at(self, step: int | None = None, layer: int | None = None) -> AttentionRecipe:
+        """The AttentionRecipe that runs at (step, layer)."""
+        return self.recipes[self.label_at(step, layer)].at(step, layer)
+
+    def is_dense_at(self, step: int | None, layer: int | None) -> bool:
+        """True when the recipe at (step, layer) is dense BF16 attention."""
+        r = self.at(step, layer)
+        return (r.sparsity == "dense" and r.qk_format == "bf16" and r.v_format == "bf16"
+                and r.p_format == "bf16")
+
+    def with_(self, **overrides: Any) -> RecipePlan:
+        raise RecipeError(
+            f"plan {self.name!r}: a plan fixes the recipe of every entry; the override(s) "
+            f"{sorted(overrides)} do not apply to it (edit the plan JSON instead)")
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for e in self.entries:
+            counts[e.recipe] = counts.get(e.recipe, 0) + 1
+        mix = ", ".join(f"{n} x {lab}" for lab, n in sorted(counts.items(), key=lambda x: -x[1]))
+        cost = self.expected_cost.get("relative_to_bf16")
+        tail = f"; expected cost {cost:.3f} x dense BF16" if isinstance(cost, float) else ""
+        return f"plan {self.name}: {len(self.entries)} entries ({mix}), default " \
+               f"{self.default}{tail}"
+
+    # -- serialization ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            PLAN_MARKER: PLAN_VERSION,
+            "name": self.name,
+            "default": self.default,
+            "recipes": {lab: r.to_dict() for lab, r in self.recipes.items()},
+            "entries": [{"step": e.step, "layer": e.layer, "recipe": e.recipe, "cost": e.cost,
+                         "note": e.note} for e in self.entries],
+            "rule": dict(self.rule),
+            "source": dict(self.source),
+            "expected_cost": dict(self.expected_cost),
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        from workbench.metrics import json_safe
+
+        return json.dumps(json_safe(self.to_dict()), sort_keys=indent is None, indent=indent)
+
+    def to_string(self) -> str:
+        """The plan's JSON text (what ``get_recipe`` reads back)."""
+        return self.to_json()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "plan") -> RecipePlan:
+        version = data.get(PLAN_MARKER)
+        if version != PLAN_VERSION:
+            raise RecipeError(f"{where}: '{PLAN_MARKER}' is {version!r}; this workbench reads "
+                              f"version {PLAN_VERSION}")
+        for key in ("recipes", "entries"):
+            if key not in data:
+                raise RecipeError(f"{where}: missing field {key!r}")
+        recipes = {lab: AttentionRecipe.from_dict(r) for lab, r in data["recipes"].items()}
+        entries = []
+        for i, e in enumerate(data["entries"]):
+            try:
+                entries.append(PlanEntry(step=int(e["step"]), layer=int(e["layer"]),
+                                         recipe=str(e["recipe"]),
+                                         cost=float(e.get("cost", float("nan"))),
+                                         note=str(e.get("note", ""))))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise RecipeError(f"{where}: entries[{i}] is not a plan entry ({exc!r})") from None
+        return cls(recipes=recipes, entries=tuple(entries), default=data.get("default", "bf16"),
+                   name=data.get("name", "plan"), rule=data.get("rule", {}),
+                   source=data.get("source", {}), expected_cost=data.get("expected_cost", {}))
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "plan") -> RecipePlan:
+        return cls.from_dict(json.loads(text), where)
+
+
+def is_plan_dict(data: Any) -> bool:
+    return isinstance(data, Mapping) and PLAN_MARKER in data
+
+
+def read_plan_spec(spec: Any) -> RecipePlan | AttentionRecipe | None:
+    """What ``get_recipe`` asks first: a plan (object, dict, JSON text or .json file), a recipe
+    JSON file, or None when `spec` is neither (then it is parsed as a recipe spec)."""
+    from pathlib import Path
+
+    if isinstance(spec, RecipePlan):
+        return spec
+    if is_plan_dict(spec):
+        return RecipePlan.from_dict(spec)
+    if not isinstance(spec, str):
+        return None
+    text = spec.strip()
+    where = "plan"
+    if text.endswith(".json") and not text.startswith("{"):
+        path = Path(text)
+        if not path.is_file():
+            raise RecipeError(f"recipe: {text}: no such file (a plan or recipe JSON file)")
+        where, text = text, path.read_text()
+    elif not text.startswith("{") or PLAN_MARKER not in text:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecipeError(f"{where}: invalid JSON ({exc})") from None
+    if is_plan_dict(data):
+        return RecipePlan.from_dict(data, where)
+    if where != "plan" and isinstance(data, dict):
+        return AttentionRecipe.from_dict(data)  # a recipe JSON file
+    return None
