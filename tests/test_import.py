@@ -96,3 +96,61 @@ def test_bad_layout_rotated_scale(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.pt"):
         import_tensors([tmp_path / "missing.pt"], tmp_path / "x.zarr")
     assert not (tmp_path / "x.zarr").exists()
+
+
+# -- the command ------------------------------------------------------------------------------------
+def test_import_cli_then_table_inspect_report(tmp_path, capsys):
+    from workbench.cli import main
+
+    torch.save({"layers": {"0": _entry(seed=0), "1": _entry(seed=1)}}, tmp_path / "a.pt")
+    store = str(tmp_path / "a.zarr")
+    assert main(["import", str(tmp_path / "a.pt"), "--out", store, "--layout",
+                 "system:32,answer:64", "--rotated", "64", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "imported 2 entries" in out and "system 32 | answer 64" in out
+    assert main(["inspect", store, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "segment layout: system 32 | answer 64 (prefix 32 rows)" in out
+    assert "over rotated channels 0-63" in out and "pass-through" not in out
+    assert "K rot" in out and "K pass" not in out and "all chunks pass crc32c" in out
+    assert main(["table", "--store", store, "--step", "0", "--layer", "1", "--heads", "all",
+                 "--a", "fp8_dense", "--b", "fp8_dense_k", "--queries", "16"]) == 0
+    md = capsys.readouterr().out
+    assert "Heads 0-3" in md and "| system (rows 0-31) |" in md and "| answer (rows 32-95) |" in md
+    assert "K, rotated channels 0-63" in md and "pass-through" not in md and "nan" not in md
+    assert main(["table", "--store", store, "--step", "0", "--layer", "1", "--heads", "1-2",
+                 "--a", "fp8_dense", "--b", "fp8_dense_k", "--queries", "16"]) == 0
+    assert "Heads 1,2" in capsys.readouterr().out
+    # refusals: bad heads, an existing store, a bad layout, shapes that do not fit
+    assert main(["table", "--store", store, "--step", "0", "--layer", "1", "--heads", "7"]) == 2
+    assert "--heads: [7] not captured" in capsys.readouterr().err
+    assert main(["import", str(tmp_path / "a.pt"), "--out", store, "--quiet"]) == 2
+    assert main(["import", str(tmp_path / "a.pt"), "--out", str(tmp_path / "b.zarr"),
+                 "--layout", "x:5", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "workbench import: error: --layout: segments sum to 5 rows" in err
+    torch.save({"q": torch.randn(8, 2, 16), "k": torch.randn(8, 2, 8), "v": torch.randn(8, 2, 8)},
+               tmp_path / "bad.pt")
+    assert main(["import", str(tmp_path / "bad.pt"), "--out", str(tmp_path / "c.zarr")]) == 2
+    assert "head dim 16 of q and 8 of k differ" in capsys.readouterr().err
+    assert not (tmp_path / "b.zarr").exists() and not (tmp_path / "c.zarr").exists()
+
+
+def test_causal_store_table_masks_and_says_so(tmp_path, capsys):
+    from workbench.cli import main
+
+    torch.save(_entry(S=128), tmp_path / "d.pt")
+    store = str(tmp_path / "d.zarr")
+    assert main(["import", str(tmp_path / "d.pt"), "--out", store, "--causal", "--rotated", "64",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    args = ["table", "--store", store, "--step", "0", "--layer", "0", "--a", "fp8_dense",
+            "--b", "fp8_dense_k", "--queries", "8"]
+    assert main(args) == 0
+    assert "causal: each row attends to the keys up to itself" in capsys.readouterr().out
+    assert main(args + ["--no-causal"]) == 0
+    cap = capsys.readouterr()
+    assert "non-causal replay" in cap.out and "records a causal model" in cap.err
+    # the seed's default recipes are sparse: refused for a causal replay, naming why
+    assert main(["table", "--store", store, "--step", "0", "--layer", "0"]) == 2
+    assert "causal" in capsys.readouterr().err

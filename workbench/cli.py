@@ -14,7 +14,7 @@ import sys
 # One module per subcommand group, in the order `workbench --help` lists them.
 SUBCOMMAND_MODULES = [
     "workbench.report.cli",  # table, recipes
-    "workbench.capture.cli",  # capture, inspect, archive
+    "workbench.capture.cli",  # capture, import, inspect, archive
     "workbench.bench.cli",  # bench (GPU side-by-side timings)
     "workbench.generate.cli",  # generate, compare
     "workbench.viz.cli",  # report (PR figures + markdown)

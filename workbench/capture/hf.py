@@ -103,18 +103,23 @@ def prompt_batch(tok, prompt: str | None = None, max_length: int = 512) -> dict:
                max_length=max_length)
 
 
-def capture_hf(spec: str, out, *, prompt: str | None = None, dtype=torch.float32, **kw):
+def capture_hf(spec: str, out, *, prompt: str | None = None, dtype=torch.float32,
+               check_range=None, **kw):
     """Load `spec` (``hf:PATH_OR_NAME``), run it once on `prompt` and capture every attention
     call (or those `kw` selects: layers, heads, ...) into the store `out`. Returns the finished
-    ``Capture``. One forward pass is step 0."""
+    ``Capture``. One forward pass is step 0. check_range(values, n, flag, owner, unit): called on
+    the layers and heads asked for, once the model says how many it has (before any write)."""
     from workbench.layout import SegmentLayout
 
     from .recorder import capture
 
     model, tok = load_hf(spec, dtype)
+    cfg = model.config
+    if check_range is not None:
+        check_range(kw.get("layers"), cfg.num_hidden_layers, "--layers", spec, "layers")
+        check_range(kw.get("heads"), cfg.num_attention_heads, "--heads", spec, "query heads")
     batch = prompt_batch(tok, prompt)
     S = int(batch["input_ids"].shape[1])
-    cfg = model.config
     attrs = {"model_name": spec, "hf_model_type": getattr(cfg, "model_type", None),
              "prompt_tokens": S}
     kw = {**kw, "steps": None, "prompt": prompt or DEFAULT_PROMPT,

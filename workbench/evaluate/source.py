@@ -94,13 +94,10 @@ class ReplaySource:
         # 0 is a real count (a model without RoPE): only None means the store does not know.
         stored = self.cap.rotated_channels
         self.rotated = stored if stored is not None else rotated
-        # How the model attended: the store's own word, else the SDPA arguments of the call
-        # (a transformers decoder passes is_causal=True and no mask).
-        attrs, sdpa = self.cap.attrs, dict(meta.get("sdpa_kwargs") or {})
-        self.causal = bool(attrs.get("causal", sdpa.get("is_causal", False))) \
-            if causal is None else bool(causal)
-        self.scale = attrs.get("softmax_scale", sdpa.get("scale")) if scale is None else scale
-        self.mask_shape = meta.get("attn_mask_shape")
+        call = self.cap.attention_call()
+        self.causal = call["causal"] if causal is None else bool(causal)
+        self.scale = call["scale"] if scale is None else scale
+        self.mask_shape = call["mask_shape"]
 
     def describe(self) -> str:
         rot = (f"rotated channels {self.rotated}" if self.rotated is not None

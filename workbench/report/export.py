@@ -127,16 +127,17 @@ def figures_markdown(figs: dict, written: dict, out: Path) -> list[str]:
 
 def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads=None,
                  n_queries: int = 64, formats=("png", "svg", "html"), device: str = "cpu",
-                 html_inline: bool = False, log=print) -> Path:
+                 html_inline: bool = False, causal: bool | None = None, log=print) -> Path:
     """Export figures, tables and markdown for one store entry. Returns the markdown path.
 
-    html_inline: self-contained HTML pages (plotly.js in each) instead of one shared bundle."""
+    html_inline: self-contained HTML pages (plotly.js in each) instead of one shared bundle.
+    causal: mask keys after each row (None: as the store records)."""
     from workbench.evaluate import ReplaySource
     from workbench.report.accuracy_table import table_from_comparison
 
     t0 = time.perf_counter()
     out = Path(out)
-    src = ReplaySource(store, device=device)
+    src = ReplaySource(store, device=device, causal=causal)
     step = src.steps[-1] if step is None else step
     layer = src.layers[-1] if layer is None else layer
     heads = list(heads) if heads is not None else src.heads[:4]

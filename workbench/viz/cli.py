@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from workbench.cli_args import check_device, check_out_dir, parse_int_list, positive_int
 
 
@@ -36,7 +38,7 @@ def cmd_report(args) -> int:
         raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
     md = write_report(args.store, args.a, args.b, args.out, step=args.step, layer=args.layer,
                       heads=heads, n_queries=args.queries, formats=formats,
-                      device=args.device)
+                      device=args.device, html_inline=args.html_inline, causal=args.causal)
     print(md)
     return 0
 
@@ -52,5 +54,10 @@ def register(subparsers) -> None:
     p.add_argument("--heads", default=None, help="query heads, e.g. 0-3 (default: first 4)")
     p.add_argument("--queries", type=positive_int, default=64, help="evenly spaced query rows")
     p.add_argument("--formats", default="png,svg,html", help="comma list of png, svg, html")
+    p.add_argument("--html-inline", action="store_true",
+                   help="self-contained HTML pages (plotly.js in each, ~4.8 MB) instead of pages "
+                        "sharing one plotly.js file next to them")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                   help="mask keys after each row (default: as the store records)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=cmd_report)
