@@ -98,7 +98,7 @@ def test_bad_layout_rotated_scale(tmp_path):
     assert not (tmp_path / "x.zarr").exists()
 
 
-# -- the command ------------------------------------------------------------------------------------
+# -- the command ---------------------------------------------------------------------------------
 def test_import_cli_then_table_inspect_report(tmp_path, capsys):
     from workbench.cli import main
 
