@@ -50,7 +50,7 @@ def resolve(spec: str) -> tuple[str, str | None]:
     return name, None  # "org/name" or "name": a hub name, from the local cache only
 
 
-def load_hf(spec: str, dtype: torch.dtype = torch.float32):
+def load_hf(spec: str, dtype: torch.dtype = torch.float32, progress: bool = True):
     """(model, tokenizer) on the CPU in eval mode with SDPA attention; never touches the network.
 
     The base model (``AutoModel``: no language-model head) is enough to see every attention
@@ -58,7 +58,10 @@ def load_hf(spec: str, dtype: torch.dtype = torch.float32):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    if not progress:  # the GGUF conversion and weight loading draw bars of their own
+        hf_logging.disable_progress_bar()
     where, gguf = resolve(spec)
     kw = {"local_files_only": True}
     if gguf:
@@ -113,7 +116,7 @@ def capture_hf(spec: str, out, *, prompt: str | None = None, dtype=torch.float32
 
     from .recorder import capture
 
-    model, tok = load_hf(spec, dtype)
+    model, tok = load_hf(spec, dtype, progress=kw.get("progress", True))
     cfg = model.config
     if check_range is not None:
         check_range(kw.get("layers"), cfg.num_hidden_layers, "--layers", spec, "layers")
