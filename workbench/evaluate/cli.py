@@ -12,14 +12,10 @@ from pathlib import Path
 
 
 def _ints(text: str | None, name: str) -> list[int] | None:
-    if not text or text == "all":
-        return None
-    from workbench.report.cli import _int_list
+    """The CLI's one integer-list grammar (workbench.cli_args): 0,5,9 / 0-3 / all (None)."""
+    from workbench.cli_args import parse_int_list
 
-    try:
-        return _int_list(text)
-    except ValueError:
-        raise ValueError(f"--{name}: cannot read {text!r} (e.g. 0-3 or 0,5,9)") from None
+    return parse_int_list(text or None, f"--{name}")
 
 
 def summary_table(ds) -> str:
