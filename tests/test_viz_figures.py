@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.attention import SegmentLayout
+from workbench.attention import H3_LIVE_LAYOUT, SegmentLayout
 from workbench.metrics import benefit_pct
 from workbench.metrics.media import compare_media
 from workbench.synthetic import small_config, synthetic_qkv
@@ -35,7 +35,9 @@ def test_per_head_heatmap_values_and_hover():
     assert np.array(hm.customdata, dtype=float) == pytest.approx(vals, rel=0, abs=0)
     assert np.array(hm.z, dtype=float) == pytest.approx(np.log10(vals))
     assert list(hm.y) == ["0", "7"] and list(hm.x) == ["0", "1", "2"]
-    assert "customdata:.6e" in hm.hovertemplate
+    # hover and cell text in the tables' format for MSE (three significant digits)
+    assert "customdata:.3e" in hm.hovertemplate
+    assert hm.text[0][0] == "1.000e-05" and hm.text[1][1] == "5.000e-02"
     with pytest.raises(ValueError, match="shape"):
         F.per_head_heatmap(vals, layers=[0], heads=[0, 1, 2])
     # signed values (a benefit) use a linear, diverging scale centred on 0
@@ -70,6 +72,21 @@ def test_drift_per_channel_split_rotated_passthrough(comparison):
     assert np.mean(rot.y) == pytest.approx(res.drift_summary["k_rot"], rel=1e-9)
     assert np.mean(pas.y) == pytest.approx(res.drift_summary["k_pass"], rel=1e-9)
     assert fig.layout.shapes[0].x0 == pytest.approx(95.5)
+    assert "rotated channels 0-95 | pass-through channels 96-127" in fig.layout.title.text
+
+
+@pytest.mark.parametrize("rotated, names, title", [
+    (0, ["A, pass-through"], "pass-through channels 0-63"),
+    (64, ["A, rotated"], "rotated channels 0-63"),
+    (None, ["A, all channels"], "channels 0-63 (RoPE split unknown)"),
+])
+def test_drift_per_channel_empty_group_vanishes(rotated, names, title):
+    d = np.linspace(1e-4, 1e-3, 64)
+    fig = F.drift_per_channel({"A": d}, rotated=rotated)
+    assert [t.name for t in fig.data] == names
+    assert list(fig.data[0].y) == pytest.approx(d)
+    assert not fig.layout.shapes and "nan" not in fig.layout.title.text
+    assert title in fig.layout.title.text and "-1" not in fig.layout.title.text
 
 
 def test_error_along_tokens_and_bands(comparison):
@@ -88,12 +105,42 @@ def test_error_along_tokens_and_bands(comparison):
     assert {a.text for a in fig.layout.annotations} == {n for n, _, _ in bands}
 
 
+def test_segment_labels_do_not_overlap_on_h3_layout():
+    # H3's 14 text and 356 audio rows are slivers beside 32,256 video rows: each label that would
+    # print over its neighbour's goes one row down
+    bands = H3_LIVE_LAYOUT.bands()
+    rows = list(range(0, 32626, 509))
+    curve = {"row": rows, "mse": [1e-4] * len(rows), "segment": H3_LIVE_LAYOUT.segment_of(rows),
+             "bands": bands}
+    fig = F.error_along_tokens({"A": curve})
+    ann = {a.text: a for a in fig.layout.annotations}
+    assert set(ann) == {"text", "audio", "video"}
+    assert len({ann[n].y for n in ann}) == 3
+    assert all(ann[n].x == a - 0.5 for n, a, _ in bands)
+    # wide segments share the top row
+    assert F.band_label_rows([("prompt", 0, 1000), ("answer", 1000, 2000)], -0.5, 1999.5) == [0, 0]
+    # a generic layout takes palette colours in order, H3 names keep theirs
+    lay = SegmentLayout.of([("prompt", 100), ("answer", 60)])
+    fig2 = F.error_along_tokens({"A": {"row": [0, 150], "mse": [1.0, 2.0],
+                                       "segment": ["prompt", "answer"], "bands": lay.bands()}})
+    assert [s.fillcolor for s in fig2.layout.shapes] == F.SEGMENT_PALETTE[:2]
+    assert "%{y:.3e}" in fig2.data[0].hovertemplate
+
+
 def test_routing_map_fraction(comparison):
     c, _, _ = comparison
     e = c.evals["B"]
     assert e.block_map is not None
-    fig = F.routing_map(e.block_map, block=e.block)
-    assert np.array(fig.data[0].z) == pytest.approx(e.block_map)
+    fig = F.routing_map(e.block_map, block=e.block, n_heads=len(c.heads))
+    assert np.array(fig.data[0].customdata) == pytest.approx(e.block_map)
+    # discrete colours: one step per number of heads routing a pair exactly (0, 1/2, 1 of 2)
+    hm = fig.data[0]
+    assert list(hm.colorbar.ticktext) == ["summary", "1/2 heads exact", "exact"]
+    z = np.array(hm.z)
+    assert z == pytest.approx(np.rint(e.block_map * 2))
+    cs = [tuple(x) for x in hm.colorscale]
+    assert len(cs) == 6 and all(cs[2 * i][1] == cs[2 * i + 1][1] for i in range(3))
+    assert len({c for _, c in cs}) == 3
     # the map (averaged over heads) covers every query block, so its mean is the exact fraction
     # over all blocks; the sampled-row fraction lies within the map's range
     assert f"{float(e.block_map.mean()):.4f}" in fig.layout.title.text
@@ -101,6 +148,13 @@ def test_routing_map_fraction(comparison):
     fig2 = F.routing_map(m, block=64, bands=[("text", 0, 10), ("video", 10, 192)])
     assert "0.6667" in fig2.layout.title.text
     assert fig2.layout.shapes[0].x0 == pytest.approx(10 / 64 - 0.5)
+    assert list(fig2.data[0].colorbar.ticktext) == ["summary", "exact"]
+    # the prefix line and its label come from the layout: a generic model names its own segment
+    fig3 = F.routing_map(m, block=64, prefix=70, generated="answer", zero_label="skipped")
+    assert fig3.layout.shapes[0].x0 == pytest.approx(70 / 64 - 0.5)
+    assert fig3.layout.annotations[0].text == "prefix | answer"
+    assert list(fig3.data[0].colorbar.ticktext) == ["skipped", "exact"]
+    assert not F.routing_map(m, block=64, prefix=0).layout.shapes
 
 
 def test_frame_grid_and_curves():

@@ -8,17 +8,45 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # One module per subcommand group, in the order `workbench --help` lists them.
 SUBCOMMAND_MODULES = [
     "workbench.recipes.cli",  # recipes
     "workbench.report.cli",  # table, report, scan-report, demo
-    "workbench.capture.cli",  # capture, inspect, archive
+    "workbench.capture.cli",  # capture, import, inspect, archive
     "workbench.bench.cli",  # bench (GPU side-by-side timings)
     "workbench.generate.cli",  # generate, compare
     "workbench.evaluate.cli",  # scan, plan
 ]
+
+# Commands that compute on the CPU take --threads. One torch thread is the default: on 2 cores,
+# `workbench demo` took 37 s with 1 thread against 75 s with 2 on a lightly loaded machine, and
+# 126 s against 443 s with another CPU-bound process per core (BENCHMARKS.md, CPU threads).
+THREADED_COMMANDS = ("table", "demo", "report", "capture", "import", "inspect", "generate",
+                     "compare")
+DEFAULT_THREADS = 1
+
+
+def _thread_count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of threads (0: torch's own "
+                                         f"default), got {text!r}")
+    return n
+
+
+def threads_to_use(requested: int | None) -> int:
+    """--threads if given (0: leave torch's default), else OMP_NUM_THREADS if it is a positive
+    integer (torch already follows it), else DEFAULT_THREADS."""
+    if requested is not None:
+        return requested
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(env) if env.isdigit() and int(env) > 0 else DEFAULT_THREADS
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -43,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in SUBCOMMAND_MODULES:
         importlib.import_module(mod).register(sub)
+    for name in THREADED_COMMANDS:
+        p = sub.choices.get(name)
+        if p is None:
+            continue
+        if "--threads" in p._option_string_actions:  # a command that declares it itself
+            p.set_defaults(threads=None)
+        else:
+            p.add_argument("--threads", type=_thread_count, default=None,
+                           help="torch CPU threads (default: $OMP_NUM_THREADS, else "
+                                f"{DEFAULT_THREADS}; 0: torch's own default)")
     return parser
 
 
@@ -52,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    n_threads = threads_to_use(getattr(args, "threads", None))
+    if args.command in THREADED_COMMANDS and n_threads > 0:
+        import torch
+
+        torch.set_num_threads(n_threads)
     try:
         return int(args.func(args) or 0)
     except (ValueError, KeyError) as exc:

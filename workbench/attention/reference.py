@@ -127,12 +127,15 @@ def _attend(
     key_chunk: int,
     exact_keys: torch.Tensor | None = None,
     summary: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    causal_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Two-pass softmax attention over key chunks.
 
     qs: [B, H, n, D] fp32 (already on the operand grid), k, v: [B, H, S, D] fp32.
     exact_keys: [B, H, n, nkb] bool per key block (None: all exact), block size = recipe.sol_block.
     summary: (kc [B, H, nkb, D], vc [B, H, nkb, D], blen [nkb]) for the summary route.
+    causal_rows: [n] sequence positions of the query rows: key j is masked for row i when j > i
+    (every row keeps its own key, so the row max of pass 1 is finite and pass 2 has no NaN).
     Returns (out [B, H, n, D] fp32, lse [B, H, n] natural log).
     """
     B, H, n, D = qs.shape
@@ -145,6 +148,9 @@ def _attend(
     def scores(s0: int, s1: int) -> torch.Tensor:
         """Masked scores in the log2 domain for keys [s0, s1): [B, H, n, s1 - s0]."""
         s = (qs @ k[:, :, s0:s1].transpose(-1, -2)) * c
+        if causal_rows is not None:
+            future = torch.arange(s0, s1, device=qs.device)[None, :] > causal_rows[:, None]
+            s = s.masked_fill(future, -math.inf)
         if exact_keys is None:
             return s
         if (s1 - s0) % blk == 0:  # block view: mask whole key blocks without a gather
@@ -208,15 +214,24 @@ def recipe_attention(
     key_chunk: int = 4096,
     query_chunk: int = 1024,
     return_block_map: bool = False,
+    causal: bool = False,
     _checked: bool = False,
 ) -> AttentionResult:
     """Run `recipe` on q [B, S, H, D], k/v [B, S, Hkv, D] for the rows in `query_index`.
 
-    layout: segment layout (prefix rows = text + conditioning + audio); default all video.
+    causal: row i attends to keys 0..i only (decoder self-attention); dense recipes only (Sol's
+    and VSA's block routing know no mask). Smoothing stays exact: q . mu_K is constant along a
+    row, masked or not, and each row's weights still sum to 1.
+    layout: segment layout (its prefix rows: Sol's sink, the dense-prefix rows); default one
+    `tokens` segment without a prefix.
     step / layer: apply the recipe's dense policy (BF16 dense where it says so).
     scale: softmax scale, default 1/sqrt(D).
     """
     recipe = get_recipe(recipe).at(step, layer)
+    if causal and recipe.sparsity != "dense":
+        raise ValueError(f"causal: the reference path masks dense recipes only; recipe "
+                         f"{recipe.name!r} has sparsity={recipe.sparsity!r} (choose a dense one, "
+                         f"e.g. fp8_dense_kv_corrected, or replay non-causally)")
     if _checked:
         B, S, H, D = q.shape
         Hkv = k.shape[2]
@@ -224,7 +239,7 @@ def recipe_attention(
         B, S, H, Hkv, D = check_qkv(q, k, v)
     if k.shape[1] != S:
         raise ValueError(f"k: sequence length {k.shape[1]} does not match q's {S} (self-attention)")
-    layout = layout or SegmentLayout.all_video(S)
+    layout = layout or SegmentLayout.tokens(S)
     if layout.total != S:
         raise ValueError(f"layout: segments sum to {layout.total} rows but the sequence has {S}")
     idx = check_query_index(query_index, S, device=q.device)
@@ -283,7 +298,8 @@ def recipe_attention(
     for a in range(0, idx.numel(), query_chunk):
         b = min(idx.numel(), a + query_chunk)
         ex = exact[:, :, a:b] if exact is not None else None
-        o, lse = _attend(qs[:, :, a:b], k_att, v_att, recipe, scale, key_chunk, ex, summary)
+        o, lse = _attend(qs[:, :, a:b], k_att, v_att, recipe, scale, key_chunk, ex, summary,
+                         idx[a:b] if causal else None)
         outs.append(o)
         lses.append(lse)
     out = torch.cat(outs, 2).transpose(1, 2)  # [B, n, H, D]
@@ -298,7 +314,8 @@ def recipe_attention(
         if bool(prefix_rows.any()):
             pre = recipe_attention(
                 q, k, v, PRESETS["bf16"], query_index=idx[prefix_rows], layout=layout,
-                scale=scale, key_chunk=key_chunk, query_chunk=query_chunk, _checked=True,
+                scale=scale, key_chunk=key_chunk, query_chunk=query_chunk, causal=causal,
+                _checked=True,
             )
             out[:, prefix_rows] = pre.out.to(out.dtype)
             lse[:, prefix_rows] = pre.lse.to(lse.dtype)
@@ -353,10 +370,13 @@ def dense_attention_f64(
     query_index=None,
     scale: float | None = None,
     key_chunk: int = 8192,
+    causal: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 dense attention of the rows `query_index` against the full context.
 
     q [B, S, H, D], k/v [B, S, Hkv, D] -> (out [B, n, H, D] float64, lse [B, n, H] float64).
+    causal: row i attends to keys 0..i only. Chunks run from key 0, so each row's running max
+    is finite after the first chunk and masked keys contribute exp(-inf) = 0.
     """
     B, S, H, Hkv, D = check_qkv(q, k, v)
     idx = check_query_index(query_index, S, device=q.device)
@@ -369,8 +389,12 @@ def dense_attention_f64(
     m = torch.full((B, H, n), -math.inf, dtype=torch.float64, device=q.device)
     row_sum = torch.zeros((B, H, n), dtype=torch.float64, device=q.device)
     acc = torch.zeros((B, H, n, D), dtype=torch.float64, device=q.device)
-    for s0 in range(0, kk.shape[2], key_chunk):
+    last = int(idx.max()) + 1 if causal and n else kk.shape[2]
+    for s0 in range(0, last, key_chunk):
         s = (qs @ kk[:, :, s0 : s0 + key_chunk].double().transpose(-1, -2)) * scale
+        if causal:
+            keys = torch.arange(s0, min(s0 + key_chunk, kk.shape[2]), device=q.device)
+            s = s.masked_fill(keys[None, :] > idx[:, None], -math.inf)
         m_new = torch.maximum(m, s.amax(-1))
         alpha = torch.exp(m - m_new)
         p = torch.exp(s - m_new[..., None])

@@ -1,11 +1,14 @@
-"""``workbench capture``, ``workbench inspect``, ``workbench archive``."""
+"""``workbench capture``, ``workbench import``, ``workbench inspect``, ``workbench archive``."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-from workbench.cli_args import check_in_range, parse_int_list, positive_int
+from workbench.cli_args import check_in_range, nonneg_int, parse_int_list, positive_int
+
+
+DEFAULT_PROMPT = "a red ball bouncing"
 
 
 def _capture_plan(args):
@@ -32,11 +35,20 @@ def cmd_capture(args) -> int:
 
     layers, steps, heads = _capture_plan(args)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    kw = dict(layers=layers, steps=steps, heads=heads, seed=args.seed, prompt=args.prompt,
+    prompt = args.prompt or DEFAULT_PROMPT
+    kw = dict(layers=layers, steps=steps, heads=heads, seed=args.seed, prompt=prompt,
               recipe=args.recipe, resume=args.resume, overwrite=args.overwrite,
               budget_bytes=int(args.budget_mb * 2**20), progress=not args.quiet)
     t0 = time.perf_counter()
-    if args.model == "minilm":
+    from .hf import capture_hf, is_hf_spec
+
+    if is_hf_spec(args.model):
+        if steps is not None:
+            raise ValueError(f"--steps: {args.model} runs one forward (step 0); leave --steps out")
+        cap = capture_hf(args.model, args.out, prompt=args.prompt, dtype=dtype,
+                         check_range=check_in_range,
+                         **{k: val for k, val in kw.items() if k not in ("steps", "prompt")})
+    elif args.model == "minilm":
         from .minilm import load_minilm, minilm_batch
 
         if steps is not None:
@@ -44,7 +56,7 @@ def cmd_capture(args) -> int:
         model, tok = load_minilm()
         check_in_range(layers, model.config.num_hidden_layers, "--layers", "minilm", "layers")
         check_in_range(heads, model.config.num_attention_heads, "--heads", "minilm", "heads")
-        batch = minilm_batch(tok, args.prompt)
+        batch = minilm_batch(tok, prompt)
         with capture(model, args.out, extra_attrs={"model_name": "minilm"},
                      **{**kw, "steps": None}) as cap:
             cap.step(0)
@@ -74,11 +86,33 @@ def cmd_capture(args) -> int:
                 print(f"{args.out}: nothing to capture: the store is already complete "
                       f"({len(expected)} already complete entries of {len(expected)} requested)")
                 return 0
-            h3.sample(args.prompt, seed=args.seed, steps=args.num_steps, callback=cap.step)
+            h3.sample(prompt, seed=args.seed, steps=args.num_steps, callback=cap.step)
     stats = cap.stats
     print(f"captured {stats.entries} entries ({stats.bytes / 2**20:.2f} MiB) into {args.out} in "
           f"{time.perf_counter() - t0:.1f} s; writer {stats.mb_per_s:.0f} MiB/s; "
           f"{len(cap.skipped)} already complete (resume)")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from .importer import import_tensors
+    from .storefs import check_target
+
+    check_target(args.out, resume=False, overwrite=args.overwrite, flag="--out")
+    t0 = time.perf_counter()
+    cap, entries = import_tensors(args.src, args.out, layout=args.layout, rotated=args.rotated,
+                                  scale=args.scale, causal=args.causal,
+                                  overwrite=args.overwrite, progress=not args.quiet)
+    q, k = entries[0].q, entries[0].k
+    from .replay import open_capture
+
+    r = open_capture(args.out)
+    print(f"imported {len(entries)} entries (steps {sorted({e.step for e in entries})}, layers "
+          f"{sorted({e.layer for e in entries})}; q {list(q.shape)}, k/v {list(k.shape)}, "
+          f"{q.dtype}) into {args.out} in {time.perf_counter() - t0:.1f} s; layout "
+          f"{r.layout.describe()}; rotated channels "
+          f"{'not recorded' if args.rotated is None else args.rotated}; "
+          f"{'causal' if args.causal else 'non-causal'}")
     return 0
 
 
@@ -112,7 +146,9 @@ def cmd_archive(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("capture", help="capture live attention q/k/v into a zarr store")
     p.add_argument("--model", default="h3-tiny",
-                   help="h3-tiny | h3-nano | PATH (workbench.models) or minilm (SDPA capture)")
+                   help="h3-tiny | h3-nano | PATH (workbench.models), minilm, or hf:PATH_OR_NAME "
+                        "(a local transformers model folder, a .gguf file or a cached hub name, "
+                        "captured through SDPA: one forward on --prompt)")
     p.add_argument("--out", required=True, help="store path (a .zarr directory)")
     p.add_argument("--layers", default=None, help="block indices, e.g. 0,2 or 0-3 (default all)")
     p.add_argument("--steps", default=None,
@@ -122,7 +158,8 @@ def register(subparsers) -> None:
     p.add_argument("--num-steps", type=int, default=4,
                    help="sigma grid points of the sampler (N points: steps 0..N-2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--prompt", default="a red ball bouncing")
+    p.add_argument("--prompt", default=None,
+                   help="prompt of the run (default: 'a red ball bouncing'; hf: a built-in text)")
     p.add_argument("--recipe", default="bf16", help="recipe of the run (stored in attributes)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--budget-mb", type=float, default=2048.0, help="host memory bound (MiB)")
@@ -132,6 +169,27 @@ def register(subparsers) -> None:
                    help="replace an existing capture store (never anything else)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_capture)
+
+    p = subparsers.add_parser(
+        "import", help="q/k/v from .pt/.safetensors/.npy files into a store")
+    p.add_argument("src", nargs="+",
+                   help="files or folders: tensors named q, k, v or <entry>.q / .k / .v; q [S, H, "
+                        "D], k and v [S, Hkv, D], optionally with a leading batch dim")
+    p.add_argument("--out", required=True, help="store path (a .zarr directory)")
+    p.add_argument("--layout", default=None,
+                   help="named segments NAME:ROWS,... in sequence order, e.g. prompt:200,answer:56"
+                        " (default: one segment 'tokens'); the segments before the last form the "
+                        "prefix (text:14,audio:356,video:32256 is H3's)")
+    p.add_argument("--rotated", type=nonneg_int, default=None,
+                   help="RoPE-rotated channels per head, 0 to D (default: not recorded)")
+    p.add_argument("--scale", type=float, default=None,
+                   help="the model's softmax scale (default 1/sqrt(D))")
+    p.add_argument("--causal", action="store_true",
+                   help="the model attends causally: replays mask keys after each row")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing capture store (never anything else)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_import)
 
     p = subparsers.add_parser("inspect", help="list a capture store's entries and K/V norms")
     p.add_argument("store")

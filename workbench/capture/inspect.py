@@ -6,6 +6,8 @@ import json
 
 import torch
 
+from workbench.layout import SegmentLayout, channel_groups
+
 from .lock import describe_holder, holder_is_stale, read_holder
 from .replay import CaptureReader, open_capture
 from .schema import CaptureStoreError
@@ -13,24 +15,24 @@ from .schema import CaptureStoreError
 MAX_STAT_ROWS = 4096  # norms use at most this many evenly spaced token rows per entry
 
 
-def channel_norms(x: torch.Tensor, rotated: int) -> tuple[float, float]:
-    """Mean L2 norm per (batch, token, head) vector over channels [0, rotated) and [rotated, D).
+def channel_norms(x: torch.Tensor, rotated: int | None) -> dict[str, float]:
+    """Mean L2 norm per (batch, token, head) vector over each non-empty channel group
+    (``workbench.layout.channel_groups``: "rot", "pass", or "all" when the split is unknown).
 
-    x: [B, S, H, D]. Returns (rotated, pass-through); NaN for an empty channel range.
+    x: [B, S, H, D]. Returns {group key: norm}.
     """
     xf = x.float()
-    rot = xf[..., :rotated].norm(dim=-1).mean().item() if rotated > 0 else float("nan")
-    rest = xf[..., rotated:].norm(dim=-1).mean().item() if rotated < x.shape[-1] else float("nan")
-    return rot, rest
+    return {key: xf[..., a:b].norm(dim=-1).mean().item()
+            for key, _, a, b in channel_groups(rotated, x.shape[-1])}
 
 
 def layer_norm_stats(reader: CaptureReader, damaged: list[str] | None = None) -> list[dict]:
-    """Per layer (averaged over its complete steps): K/V mean norms, rotated vs pass-through.
+    """Per layer (averaged over its complete steps): K/V mean norms per channel group.
 
     damaged: when given, entries that fail to read are listed there (one line each) and left out;
     otherwise the first failure raises.
     """
-    rotated = reader.rotated_channels or 0
+    rotated = reader.rotated_channels
     per_layer: dict = {}
     for e in reader.entries(include_incomplete=False):
         try:
@@ -45,20 +47,16 @@ def layer_norm_stats(reader: CaptureReader, damaged: list[str] | None = None) ->
             rows = torch.linspace(0, S - 1, MAX_STAT_ROWS).round().long()
             k, v = k[:, rows], v[:, rows]
         key = e.layer if e.layer is not None else e.name
-        acc = per_layer.setdefault(key, {"name": e.name, "n": 0, "k": [0.0, 0.0], "v": [0.0, 0.0]})
-        for t in ("k", "v"):
-            r, p = channel_norms(k if t == "k" else v, rotated)
-            acc[t][0] += r
-            acc[t][1] += p
+        acc = per_layer.setdefault(key, {"name": e.name, "n": 0, "sums": {}})
+        for t, x in (("k", k), ("v", v)):
+            for g, norm in channel_norms(x, rotated).items():
+                acc["sums"][f"{t}_{g}"] = acc["sums"].get(f"{t}_{g}", 0.0) + norm
         acc["n"] += 1
     out = []
     for key, acc in per_layer.items():
         n = acc["n"]
-        out.append({
-            "layer": key, "name": acc["name"], "steps": n, "rotated_channels": rotated,
-            "k_rot": acc["k"][0] / n, "k_pass": acc["k"][1] / n,
-            "v_rot": acc["v"][0] / n, "v_pass": acc["v"][1] / n,
-        })
+        out.append({"layer": key, "name": acc["name"], "steps": n, "rotated_channels": rotated,
+                    **{g: total / n for g, total in acc["sums"].items()}})
     return out
 
 
@@ -73,6 +71,22 @@ def _fmt(x: float) -> str:
     return "-" if x != x else f"{x:.4g}"
 
 
+def _layout_line(r) -> str:
+    d = r.attrs.get("segment_layout")
+    if not d:
+        return "not recorded (read as one segment `tokens`)"
+    try:
+        return SegmentLayout.from_dict(d).describe()
+    except ValueError:
+        return f"{json.dumps(d)} (not a layout: --verify says why)"
+
+
+def _rotated_line(rot) -> str:
+    if rot is None:
+        return "not recorded (drift and norms over all channels)"
+    return f"{rot}" + (" (no RoPE: every channel passes through)" if rot == 0 else "")
+
+
 def inspect_store(path, stats: bool = True, strict: bool = True) -> str:
     """The inspect view; ``strict=False`` shows a store whose root attributes are damaged (the
     problems are listed by ``verify``)."""
@@ -83,8 +97,8 @@ def inspect_store(path, stats: bool = True, strict: bool = True) -> str:
         f"schema: {a.get('schema')} v{a.get('schema_version')}",
         f"model: {a.get('model_class')}",
         f"capture point: {a.get('capture_point')}",
-        f"segment layout: {json.dumps(a.get('segment_layout'))}",
-        f"rotated channels: {a.get('rotated_channels')}",
+        f"segment layout: {_layout_line(r)}",
+        f"rotated channels: {_rotated_line(a.get('rotated_channels'))}",
         f"seed: {a.get('seed')}  prompt: {a.get('prompt')!r}",
         f"recipe: {_recipe_name(a.get('recipe'))}",
     ]
@@ -112,20 +126,19 @@ def inspect_store(path, stats: bool = True, strict: bool = True) -> str:
         lines.append("INCOMPLETE (started, never finished; resume the capture to rewrite): " +
                      ", ".join(e.path for e in entries if not e.complete))
     if stats and done:
-        rot = r.rotated_channels or 0
         D = done[0].shape_kv[-1]
+        groups = channel_groups(r.rotated_channels, D)
         lines.append("")
-        lines.append(f"per-layer mean L2 norm per (token, head) vector, averaged over steps; "
-                     f"rotated = channels 0-{rot - 1}, pass-through = {rot}-{D - 1}"
-                     if rot else "per-layer mean L2 norm per (token, head) vector (no rotated "
-                     "channels recorded: all channels are pass-through)")
-        lines.append(f"{'layer':>6}  {'name':<28} {'steps':>5} {'K rot':>10} {'K pass':>10} "
-                     f"{'V rot':>10} {'V pass':>10}")
+        lines.append("per-layer mean L2 norm per (token, head) vector, averaged over steps, over "
+                     + " and ".join(label for _, label, _, _ in groups))
+        short = {"rot": "rot", "pass": "pass", "all": "all"}
+        cols = [(f"{t}_{g}", f"{t.upper()} {short[g]}") for t in "kv" for g, *_ in groups]
+        lines.append(f"{'layer':>6}  {'name':<28} {'steps':>5} "
+                     + " ".join(f"{c:>10}" for _, c in cols))
         damaged: list[str] = []
         for s in layer_norm_stats(r, damaged):
             lines.append(f"{s['layer']!s:>6}  {s['name']:<28} {s['steps']:>5} "
-                         f"{_fmt(s['k_rot']):>10} {_fmt(s['k_pass']):>10} "
-                         f"{_fmt(s['v_rot']):>10} {_fmt(s['v_pass']):>10}")
+                         + " ".join(f"{_fmt(s[key]):>10}" for key, _ in cols))
         if damaged:
             lines.append(f"norms leave out {len(damaged)} damaged entr"
                          f"{'y' if len(damaged) == 1 else 'ies'} (--verify lists every problem):")

@@ -165,18 +165,34 @@ class CaptureReader:
     # metadata -------------------------------------------------------------------------------------
     @property
     def layout(self) -> SegmentLayout:
-        """Segment layout of the packed sequence; all-video over the captured length if unknown."""
+        """Segment layout of the packed sequence; one segment ``tokens`` over the captured length
+        when the store does not record one."""
         d = self.attrs.get("segment_layout")
         if d:
             return SegmentLayout.from_dict(d)
         done = self.entries(False)
         if not done:
             raise CaptureStoreError(f"{self.path}: no complete entries and no segment layout")
-        return SegmentLayout.all_video(done[0].shape_kv[1])
+        return SegmentLayout.tokens(done[0].shape_kv[1])
 
     @property
     def rotated_channels(self) -> int | None:
         return _int_or_none(self.attrs.get("rotated_channels"))
+
+    def attention_call(self) -> dict:
+        """How the model attended: {"causal", "scale", "mask_shape"}. The store's own attributes
+        (``causal``, ``softmax_scale``, written by ``workbench import``) win; else the SDPA
+        arguments recorded with the first complete entry (a transformers decoder passes
+        ``is_causal=True``); else non-causal, scale 1/sqrt(D) (None)."""
+        sdpa, mask = {}, None
+        done = self.entries(False)
+        if done:
+            attrs, _ = self.entry_metadata(done[0])
+            sdpa, mask = dict(attrs.get("sdpa_kwargs") or {}), attrs.get("attn_mask_shape")
+        causal = self.attrs.get("causal")
+        scale = self.attrs.get("softmax_scale")
+        return {"causal": bool(sdpa.get("is_causal", False) if causal is None else causal),
+                "scale": sdpa.get("scale") if scale is None else scale, "mask_shape": mask}
 
     @property
     def recipe(self):

@@ -124,10 +124,18 @@ def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
         out.append(f"{rel}: tensor_layout is {a['tensor_layout']!r}, expected 'BSHD'")
     seg = a.get("segment_layout")
     if isinstance(seg, dict):
-        bad = {k: v for k, v in seg.items()
-               if k not in ("text", "conditioning", "audio", "video") or not _is_int(v) or v < 0}
-        if bad:
-            out.append(f"{rel}: segment_layout has bad fields {bad}")
+        from workbench.layout import SegmentLayout
+
+        try:  # H3's four row counts, or named segments (docs/store_schema.md)
+            SegmentLayout.from_dict(seg)
+        except (ValueError, TypeError) as exc:
+            out.append(f"{rel}: segment_layout {json.dumps(seg)[:200]} is not a layout ({exc})")
+    for key, want in (("softmax_scale", "a positive number"), ("causal", "true or false")):
+        if key in a and a[key] is not None:
+            ok = (isinstance(a[key], bool) if key == "causal" else
+                  isinstance(a[key], _NUM) and not isinstance(a[key], bool) and a[key] > 0)
+            if not ok:
+                out.append(f"{rel}: {key} is {a[key]!r}, expected {want}")
     if isinstance(a.get("recipe"), str):
         try:
             json.loads(a["recipe"])

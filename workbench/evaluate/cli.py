@@ -14,7 +14,8 @@ from workbench.cli_args import parse_int_list
 
 
 def _ints(text: str | None, name: str) -> list[int] | None:
-    return parse_int_list(text, f"--{name}")
+    """The CLI's one integer-list grammar (workbench.cli_args): 0,5,9 / 0-3 / all (None)."""
+    return parse_int_list(text or None, f"--{name}")
 
 
 def summary_table(ds) -> str:

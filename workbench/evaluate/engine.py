@@ -27,7 +27,10 @@ from workbench.metrics import (
     benefit_pct,
     bootstrap_benefit,
     boundary_metrics,
+    channel_groups,
+    drift_summary,
     error_along_tokens,
+    error_by_segment,
     token_mean_drift,
 )
 from workbench.recipes import AttentionRecipe, get_recipe
@@ -45,9 +48,12 @@ class RecipeEval:
     overall: dict  # {boundary: {metric: value}}
     heads: dict  # {boundary: {metric: [value per selected head]}}
     along: dict  # workbench.metrics.error_along_tokens(...)
+    segments: dict  # workbench.metrics.error_by_segment(along): {segment: {"rows", "mse"}}
     drift_k: np.ndarray  # [D] |mean_t(K_dq) - mean_t(K)| averaged over batch and heads
     drift_v: np.ndarray  # [D]
-    drift_summary: dict  # {"k_rot", "k_pass", "v_rot", "v_pass"}
+    # {"k_rot", "k_pass", "v_rot", "v_pass"}: mean drift per channel group (metrics.channel_groups:
+    # an empty group has no key; "k_all", "v_all" when the RoPE split is unknown)
+    drift_summary: dict
     exact_fraction: float
     block_map: np.ndarray | None  # [nq, nk] fraction of selected heads routing the pair exactly
     block: int
@@ -65,11 +71,18 @@ class Comparison:
     query_rows: list[int]
     heads: list[int]
     layout: SegmentLayout
-    rotated: int
+    rotated: int | None  # RoPE channels per head (None: not known)
     seq_len: int
     seconds: float
     ref_seconds: float
+    head_dim: int = 128
+    causal: bool = False  # rows attended to keys 0..row only (decoder self-attention)
+    scale: float | None = None  # softmax scale (None: 1/sqrt(D))
     extras: dict = field(default_factory=dict)
+
+    def channel_groups(self) -> list[tuple[str, str, int, int]]:
+        """[(key, label, start, stop)] of the non-empty channel groups (rotated, pass-through)."""
+        return channel_groups(self.rotated, self.head_dim)
 
     def benefit(self, a: str, b: str, boundary: str = "attention_output",
                 metric: str = "mse") -> float:
@@ -108,12 +121,13 @@ class _ReferenceCache:
         self.size = size
         self._store: dict = {}
 
-    def get(self, q, k, v, idx) -> torch.Tensor:
-        key = (id(q), id(k), id(v), tuple(idx.tolist()), tuple(q.shape))
+    def get(self, q, k, v, idx, causal=False, scale=None) -> torch.Tensor:
+        key = (id(q), id(k), id(v), tuple(idx.tolist()), tuple(q.shape), causal, scale)
         if key not in self._store:
             if len(self._store) >= self.size:
                 self._store.pop(next(iter(self._store)))
-            self._store[key] = (dense_attention_f64(q, k, v, query_index=idx)[0], (q, k, v))
+            ref = dense_attention_f64(q, k, v, query_index=idx, causal=causal, scale=scale)[0]
+            self._store[key] = (ref, (q, k, v))
         return self._store[key][0]
 
 
@@ -130,23 +144,30 @@ def evaluate(
     n_queries: int = 64,
     query_index=None,
     heads: list[int] | None = None,
-    rotated: int = 96,
+    rotated: int | None = None,
     step: int | None = None,
     layer: int | None = None,
     progress=None,
     cache: dict | None = None,
+    causal: bool = False,
+    scale: float | None = None,
 ) -> Comparison:
     """Run every recipe on the same rows of q [B, S, H, D], k/v [B, S, Hkv, D].
 
+    causal: each row attends to keys 0..row only, in the recipes and in the reference (decoder
+    models; dense recipes only). scale: the model's softmax scale (None: 1/sqrt(D)).
     recipes: {label: recipe spec}; labels key the result (e.g. "A"/"B" or the recipe strings).
-    heads: labels of q's heads (default 0..H-1). step/layer apply the recipes' dense policy only
-    when given. progress(i, n, message) is called before each stage (reference, then recipes).
+    heads: labels of q's heads (default 0..H-1). rotated: RoPE channels per head, 0..D (None:
+    not known; drift is then reported over all channels). step/layer apply the recipes' dense
+    policy only when given. progress(i, n, message) is called before each stage (reference,
+    then recipes).
     cache: a dict the caller keeps; a recipe already evaluated on the same tensors, rows and
     (step, layer) is taken from it (the explorer: changing B does not recompute A).
     """
     t0 = time.perf_counter()
     S = q.shape[1]
-    layout = layout or SegmentLayout.all_video(S)
+    layout = layout or SegmentLayout.tokens(S)
+    channel_groups(rotated, q.shape[-1])  # a count the head dim cannot hold: say so before work
     if query_index is None:
         if n_queries < 1:
             raise ValueError(f"n_queries: need at least one query row, got {n_queries}")
@@ -157,18 +178,20 @@ def evaluate(
     n = len(recipes) + 1
     if progress:
         progress(0, n, "float64 dense reference")
-    ref = _REFERENCES.get(q, k, v, idx)
+    ref = _REFERENCES.get(q, k, v, idx, causal, scale)
     ref_s = time.perf_counter() - t0
     evals = {}
     for i, (name, r) in enumerate(recipes.items(), start=1):
         if progress:
             progress(i, n, f"recipe {name}")
         r = get_recipe(r)
-        key = (id(q), id(k), id(v), r.to_json(), tuple(idx.tolist()), step, layer, rotated)
+        key = (id(q), id(k), id(v), r.to_json(), tuple(idx.tolist()), step, layer, rotated,
+               causal, scale)
         if cache is not None and key in cache:
             evals[name] = dataclasses.replace(cache[key][0], name=name)
             continue
-        evals[name] = _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer)
+        evals[name] = _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer,
+                                    causal, scale)
         if cache is not None:
             if len(cache) > 256:
                 cache.clear()
@@ -178,28 +201,31 @@ def evaluate(
         progress(n, n, "done")
     return Comparison(evals=evals, query_rows=[int(i) for i in idx.cpu().tolist()],
                       heads=list(heads) if heads is not None else list(range(q.shape[2])),
-                      layout=layout, rotated=rotated, seq_len=S,
-                      seconds=time.perf_counter() - t0, ref_seconds=ref_s)
+                      layout=layout, rotated=rotated, seq_len=S, head_dim=q.shape[-1],
+                      causal=causal, scale=scale, seconds=time.perf_counter() - t0,
+                      ref_seconds=ref_s)
 
 
-def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer) -> RecipeEval:
+def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer, causal,
+                  scale) -> RecipeEval:
     t1 = time.perf_counter()
     res = recipe_attention(q, k, v, r, query_index=idx, layout=layout, step=step, layer=layer,
-                           return_block_map=True)
+                           return_block_map=True, causal=causal, scale=scale)
     bm = boundary_metrics(res, q, k, v, ref)
-    dk = token_mean_drift(res.k_dq, k, rotated)
-    dv = token_mean_drift(res.v_dq, v, rotated)
+    dk = token_mean_drift(res.k_dq, k, rotated or 0)["per_channel"]
+    dv = token_mean_drift(res.v_dq, v, rotated or 0)["per_channel"]
     block_map = None
     if res.block_map is not None:
         block_map = res.block_map.float().mean(dim=(0, 1)).cpu().numpy()
     block = res.recipe.sol_block if res.recipe.sparsity == "sol" else res.recipe.vsa_tile
+    along = error_along_tokens(res, ref, layout)
     return RecipeEval(
         name=name, recipe=res.recipe, overall=bm.overall, heads=bm.heads,
-        along=error_along_tokens(res, ref, layout),
-        drift_k=dk["per_channel"].mean(dim=(0, 1)).cpu().numpy(),
-        drift_v=dv["per_channel"].mean(dim=(0, 1)).cpu().numpy(),
-        drift_summary={"k_rot": dk["rotated"], "k_pass": dk["passthrough"],
-                       "v_rot": dv["rotated"], "v_pass": dv["passthrough"]},
+        along=along, segments=error_by_segment(along),
+        drift_k=dk.mean(dim=(0, 1)).cpu().numpy(),
+        drift_v=dv.mean(dim=(0, 1)).cpu().numpy(),
+        drift_summary={**{f"k_{g}": x for g, x in drift_summary(dk, rotated).items()},
+                       **{f"v_{g}": x for g, x in drift_summary(dv, rotated).items()}},
         exact_fraction=res.exact_fraction, block_map=block_map, block=block,
         row_sq_err=bm.row_sq_err.cpu(), seconds=time.perf_counter() - t1,
         row_sq_err_heads=(res.out.double() - ref.double()).pow(2).mean(dim=(0, 3)).cpu(),
@@ -216,7 +242,8 @@ def evaluate_entry(source, step, layer, recipes: dict[str, AttentionRecipe | str
     q, k, v = source.qkv(step, layer, heads)
     return evaluate(q, k, v, recipes, layout=source.layout, n_queries=n_queries, heads=heads,
                     rotated=source.rotated, step=step if dense_policy else None,
-                    layer=layer if dense_policy else None, progress=progress, cache=cache)
+                    layer=layer if dense_policy else None, progress=progress, cache=cache,
+                    causal=getattr(source, "causal", False), scale=getattr(source, "scale", None))
 
 
 def layer_head_grid(

@@ -113,9 +113,13 @@ def v_centring_hurts(ds) -> dict[str, np.ndarray]:
 
 
 def _prefix_fraction(ds) -> float:
-    layout = json.loads(ds.attrs["params"].get("segment_layout") or "{}")
-    total = sum(layout.values()) if layout else 0
-    return (total - layout.get("video", total)) / total if total else 0.0
+    from workbench.layout import SegmentLayout
+
+    d = json.loads(ds.attrs["params"].get("segment_layout") or "{}")
+    if not d:
+        return 0.0
+    layout = SegmentLayout.from_dict(d)  # H3's row counts or named segments
+    return layout.prefix_len / layout.total if layout.total else 0.0
 
 
 def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None = None

@@ -162,7 +162,10 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
             head[:, i] = e.heads[b][m]
     entry[_METRIC_INDEX["exact_fraction"]] = e.exact_fraction
     for key, val in e.drift_summary.items():
-        entry[_METRIC_INDEX[f"drift_{key}"]] = val
+        # channel groups the store's rotated count leaves empty (or "all": split unknown) have
+        # no slot and stay NaN
+        if f"drift_{key}" in _METRIC_INDEX:
+            entry[_METRIC_INDEX[f"drift_{key}"]] = val
     entry[_METRIC_INDEX["seconds"]] = time.perf_counter() - t0
     return {"entry": entry, "head": head, "row": e.row_sq_err.double().numpy(),
             "row_head": e.row_sq_err_heads.double().numpy().T,
@@ -316,7 +319,7 @@ def build_jobs(cap, params: ScanParams, ds, todo: list[tuple[int, int, int]]) ->
     captured = [int(h) for h in meta["q_heads"]]
     grouped = int(meta["num_heads"]) != int(meta["num_kv_heads"])
     layout = cap.layout.to_dict()
-    rotated = int(cap.rotated_channels or 96)
+    rotated = cap.rotated_channels  # 0 is a count (no RoPE); None: not recorded
     jobs: dict[tuple[int, int], EntryJobs] = {}
     for si, li, ri in todo:
         step, layer = params.steps[si], params.layers[li]

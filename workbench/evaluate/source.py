@@ -52,11 +52,17 @@ class ReplaySource:
     """Entries of a capture store (or one in-memory q/k/v) as float32 tensors, cached.
 
     q [B, S, H, D], k/v [B, S, Hkv, D]. ``heads`` are the captured query head ids.
+    rotated: RoPE channels per head (0..D) when the store does not record them (a store's own
+    ``rotated_channels`` wins); unknown everywhere: 0, and ``describe`` says it was assumed.
+    layout: in-memory tensors only; default one ``tokens`` segment.
+    causal / scale: how the model attends (a store records ``causal`` and ``softmax_scale`` when
+    known); causal replays mask keys after each row, in the recipes and in the reference.
     """
 
     def __init__(self, store: str | Path | None = None, *, tensors=None,
-                 layout: SegmentLayout | None = None, rotated: int = 96, name: str = "tensors",
-                 device: str | None = None, cache_size: int = 16):
+                 layout: SegmentLayout | None = None, rotated: int | None = None,
+                 name: str = "tensors", causal: bool | None = None,
+                 scale: float | None = None, device: str | None = None, cache_size: int = 16):
         self.device = device or default_device()
         self._cache: dict = {}
         self._cache_size = cache_size
@@ -66,8 +72,9 @@ class ReplaySource:
             self.name = name
             self.steps, self.layers = [0], [0]
             self.heads = list(range(q.shape[2]))
-            self.layout = layout or SegmentLayout.all_video(q.shape[1])
+            self.layout = layout or SegmentLayout.tokens(q.shape[1])
             self.rotated = rotated
+            self.causal, self.scale, self.mask_shape = bool(causal), scale, None
             self._cache[(0, 0)] = tuple(t.float().to(self.device) for t in (q, k, v))
             self.cap = None
             return
@@ -84,12 +91,24 @@ class ReplaySource:
         meta = self.cap.root[e.path].attrs
         self.heads = [int(h) for h in meta["q_heads"]]
         self.layout = self.cap.layout
-        self.rotated = int(self.cap.rotated_channels or rotated)
+        # 0 is a real count (a model without RoPE): only None means the store does not know.
+        stored = self.cap.rotated_channels
+        self.rotated = stored if stored is not None else rotated
+        call = self.cap.attention_call()
+        self.causal = call["causal"] if causal is None else bool(causal)
+        self.scale = call["scale"] if scale is None else scale
+        self.mask_shape = call["mask_shape"]
 
     def describe(self) -> str:
-        seq = self.layout.total
+        rot = (f"rotated channels {self.rotated}" if self.rotated is not None
+               else "rotated channels unknown")
+        mask = "causal" if self.causal else "non-causal"
+        scale = f", softmax scale {self.scale:g}" if self.scale is not None else ""
+        note = (f"; the model's attention mask {self.mask_shape} is not replayed"
+                if self.mask_shape else "")
         return (f"{self.name}: steps {self.steps}, layers {self.layers}, heads {self.heads}, "
-                f"{seq:,} rows {self.layout.to_dict()}, rotated channels {self.rotated}")
+                f"{self.layout.total:,} rows ({self.layout.describe()}), {rot}, {mask} "
+                f"replay{scale}{note}")
 
     def qkv(self, step, layer, heads=None):
         """(q, k, v) float32 on the source's device; heads = captured query head ids (None: all)."""

@@ -2,7 +2,9 @@
 
 ``compare_dirs(A, B, out)``: every metric of B against A (``workbench.metrics.media``), written as
 ``metrics.json``, ``table.md``, ``curves.csv`` + ``curves.svg`` (per-frame PSNR / SSIM / cosine)
-and ``side_by_side.mp4`` (A | B | |A - B| x 4).
+and ``side_by_side.mp4``: three labelled panels, A | B | |B - A| amplified by a gain chosen from
+the difference itself (printed on the panel and in ``table.md`` / ``metrics.json``), because
+the FP8 differences worth seeing are a few thousandths of full scale.
 ``compare_recipes(model, recipes, ...)``: generate the same clip (same seed) with each recipe and
 compare every one against the first.
 """
@@ -19,9 +21,61 @@ import torch
 from workbench.metrics import json_safe
 from workbench.metrics.media import compare_media, media_table
 
-from .run import _to_uint8_frames, generate, read_clip, write_clip, write_mp4
+from .run import VIEW_MIN_SIDE, generate, read_clip, write_clip, write_mp4
 
-DIFF_GAIN = 4.0
+# The difference panel's gain: the largest power of two that keeps the DIFF_QUANTILE quantile of
+# |B - A| at or below full scale, within 1..MAX_DIFF_GAIN.
+DIFF_QUANTILE = 0.995
+MAX_DIFF_GAIN = 1024
+PANEL_MIN_SIDE = max(VIEW_MIN_SIDE, 160)  # wide enough for a label
+LABEL_PX = 18  # height of the label strip above each panel
+
+
+def diff_gain(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Power-of-two gain for |b - a| (values in [0, 1]) so that the difference is visible."""
+    d = (b - a).abs().flatten().float()
+    if d.numel() > 1_000_000:  # quantile of a strided sample: same answer, bounded cost
+        d = d[:: d.numel() // 1_000_000 + 1]
+    top = float(torch.quantile(d, DIFF_QUANTILE)) if d.numel() else 0.0
+    if top <= 0:
+        return 1.0
+    return float(min(MAX_DIFF_GAIN, max(1, 2 ** math.floor(math.log2(1.0 / top)))))
+
+
+def side_by_side_frames(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str,
+                        gain: float | None = None) -> tuple[list, float]:
+    """Frames [H', W', 3] uint8 of three labelled panels: A | B | |B - A| x gain.
+
+    a, b: [T, 3, H, W] in [0, 1]. Small frames are enlarged (nearest, integer factor) to at
+    least PANEL_MIN_SIDE so the labels fit. Returns (frames, gain).
+    """
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
+    gain = diff_gain(a, b) if gain is None else float(gain)
+    diff = ((b - a).abs() * gain).clamp(0, 1)
+    f = max(1, -(-PANEL_MIN_SIDE // min(a.shape[-2:])))
+    labels = [f"A: {name_a}", f"B: {name_b}", f"|B - A| x {gain:g}"]
+    panels = []
+    for v in (a, b, diff):
+        v = v.repeat_interleave(f, -2).repeat_interleave(f, -1)
+        panels.append((v.clamp(0, 1) * 255.0 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).numpy())
+    T, H, W, _ = panels[0].shape
+    font = ImageFont.load_default(size=12)
+    strip = Image.new("RGB", (3 * W, LABEL_PX), (32, 32, 32))
+    draw = ImageDraw.Draw(strip)
+    for i, text in enumerate(labels):
+        while len(text) > 4 and draw.textlength(text, font=font) > W - 8:
+            text = text[:-2] + "…"  # drop one character (and keep the ellipsis)
+        draw.text((i * W + 4, 3), text, fill=(240, 240, 240), font=font)
+    head = np.asarray(strip)
+    # H.264 with 4:2:0 chroma needs even sides: pad one black row / column where odd.
+    pad_h, pad_w = (LABEL_PX + H) % 2, (3 * W) % 2
+    frames = []
+    for t in range(T):
+        fr = np.concatenate([head, np.concatenate([p[t] for p in panels], axis=1)], axis=0)
+        frames.append(np.ascontiguousarray(np.pad(fr, ((0, pad_h), (0, pad_w), (0, 0)))))
+    return frames, gain
 
 
 def _svg_curves(curves: dict[str, list[float]], title: str) -> str:
@@ -63,9 +117,14 @@ def compare_clips(a, b, out: str | Path | None = None, name_a: str = "A",
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     curves = m.get("curves", {})
+    frames, gain = side_by_side_frames(a.video, b.video, name_a, name_b)
+    write_mp4(out / "side_by_side.mp4", frames, a.fps)
+    m["side_by_side"] = {"file": "side_by_side.mp4", "panels": ["A", "B", "|B - A| x gain"],
+                         "gain": gain}
     (out / "metrics.json").write_text(json.dumps(json_safe(
         {"reference": name_a, "test": name_b, **m}), indent=1))
-    (out / "table.md").write_text(media_table({name_b: m}, name_a) + "\n")
+    (out / "table.md").write_text(media_table({name_b: m}, name_a) + "\n\n"
+                                  + side_by_side_line(m, name_a, name_b) + "\n")
     if curves:
         keys = list(curves)
         rows = ["frame," + ",".join(keys)]
@@ -73,11 +132,14 @@ def compare_clips(a, b, out: str | Path | None = None, name_a: str = "A",
             rows.append(f"{i}," + ",".join(f"{curves[k][i]:.6g}" for k in keys))
         (out / "curves.csv").write_text("\n".join(rows) + "\n")
         (out / "curves.svg").write_text(_svg_curves(curves, f"{name_b} vs {name_a}"))
-        diff = ((b.video - a.video).abs() * DIFF_GAIN).clamp(0, 1)
-        panel = torch.cat([a.video, b.video, diff], dim=-1)  # [T, 3, H, 3W]
-        frames = _to_uint8_frames(panel)
-        write_mp4(out / "side_by_side.mp4", frames, a.fps)
     return m
+
+
+def side_by_side_line(m: dict, name_a: str, name_b: str, folder: str = "") -> str:
+    """The sentence that says what the side-by-side video shows and its difference gain."""
+    s = m["side_by_side"]
+    return (f"Side-by-side video `{folder}{s['file']}`: A `{name_a}` | B `{name_b}` | "
+            f"|B - A| amplified x{s['gain']:g}.")
 
 
 def compare_dirs(dir_a: str | Path, dir_b: str | Path, out: str | Path | None = None) -> dict:
@@ -129,12 +191,18 @@ def compare_recipes(
         rows[r] = compare_clips(clips[ref], clips[r], sub, ref, r)
     table = media_table(rows, ref)
     if out is not None:
+        table += "\n\n" + "\n".join(
+            side_by_side_line(m, ref, r, f"compare_{r.replace(':', '_')}/")
+            for r, m in rows.items() if "side_by_side" in m)
         out = Path(out)
         summary = {"model": model.name, "prompt": prompt, "seed": seed,
                    "steps": steps or model.config.default_steps, "reference": ref,
                    "seconds": {r: clips[r].config["seconds"] for r in recipes},
-                   "metrics": {r: {k: v for k, v in m.items() if k != "curves"}
-                               for r, m in rows.items()}}
+                   "metrics": {r: {k: v for k, v in m.items()
+                                   if k not in ("curves", "side_by_side")}
+                               for r, m in rows.items()},
+                   "side_by_side": {r: m["side_by_side"] for r, m in rows.items()
+                                    if "side_by_side" in m}}
         (out / "compare.json").write_text(json.dumps(json_safe(summary), indent=1))
         (out / "table.md").write_text(table + "\n")
     return rows, table

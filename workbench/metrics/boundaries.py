@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.layout import SegmentLayout
+from workbench.layout import SegmentLayout, channel_groups, check_rotated
 from workbench.attention.reference import AttentionResult
 
 from .tensor import stats_overall_and_per_head
@@ -65,14 +65,24 @@ def boundary_metrics(
     return BoundaryMetrics(overall=overall, heads=heads, row_sq_err=row_err)
 
 
+def drift_summary(per_channel: torch.Tensor, rotated: int | None) -> dict[str, float]:
+    """{key: mean drift over the group's channels} for each ``channel_groups`` group, from the
+    [..., D] per-channel drift of ``token_mean_drift``."""
+    D = per_channel.shape[-1]
+    return {key: float(per_channel[..., a:b].mean())
+            for key, _, a, b in channel_groups(rotated, D)}
+
+
 def token_mean_drift(
     x_dq: torch.Tensor, x: torch.Tensor, rotated: int = 96
 ) -> dict[str, torch.Tensor | float]:
     """|mean_t(dequant(x)) - mean_t(x)| per (batch, head, channel), from [B, S, H, D] tensors.
 
     Returns {"per_channel": [B, H, D], "rotated": mean over channels < rotated,
-    "passthrough": mean over channels >= rotated (nan when there are none)}.
+    "passthrough": mean over channels >= rotated}; a group without channels gives nan (labels
+    come from ``channel_groups``, which leaves it out).
     """
+    check_rotated(rotated, x.shape[-1])
     d = (x_dq.double().mean(1) - x.double().mean(1)).abs()
     rot = float(d[..., :rotated].mean()) if rotated > 0 else float("nan")
     pas = float(d[..., rotated:].mean()) if rotated < d.shape[-1] else float("nan")
@@ -91,6 +101,19 @@ def channel_mean_norms(x: torch.Tensor, rotated: int = 96) -> dict[str, float]:
             continue
         out[f"{name}_mean_norm"] = float(m.pow(2).sum(-1).sqrt().mean())
         out[f"{name}_mean_energy_frac"] = float(m.pow(2).sum() / energy[..., sl].sum())
+    return out
+
+
+def error_by_segment(along: dict) -> dict[str, dict]:
+    """{segment: {"rows": sampled rows in it, "mse": their mean output MSE}} in sequence order,
+    from an ``error_along_tokens`` dict (every row holds B*H*D elements, so the mean of the row
+    MSEs is the segment's MSE over its sampled rows). Segments without a sampled row are left
+    out."""
+    out: dict[str, dict] = {}
+    for name, _, _ in along["bands"]:
+        errs = [e for s, e in zip(along["segment"], along["mse"]) if s == name]
+        if errs:
+            out[name] = {"rows": len(errs), "mse": sum(errs) / len(errs)}
     return out
 
 

@@ -155,16 +155,35 @@ class AttentionRecipe:
         ]
         return self.name if not diffs else f"{self.name}:{','.join(diffs)}"
 
+    def label(self) -> str:
+        """How tables, figures and widgets name the recipe: the preset with every override
+        (``to_string``); a recipe that is no preset shows its name (its JSON is too long for a
+        column header; ``to_string`` gives it)."""
+        return self.to_string() if self.name in PRESETS else f"{self.name} (custom recipe)"
+
     def describe(self) -> str:
-        qk = self.qk_format if not self.quantizes_qk else f"{self.qk_format}/{self.qk_granularity}"
+        """Every numeric choice in words: formats, scale granularity, P scaling, output format,
+        accumulation, smoothing, correction, rotation, sparsity and the dense policy."""
+        if self.quantizes_qk:
+            gran = f"block{self.qk_block}" if self.qk_granularity == "block" else \
+                self.qk_granularity
+            qk = f"{self.qk_format}/{gran}"
+        else:
+            qk = self.qk_format
         v = self.v_format if not self.quantizes_v else f"{self.v_format}/{self.v_granularity}"
-        parts = [f"QK {qk}", f"V {v}", f"P {self.p_format}", f"smooth {self.smoothing}"]
+        p = self.p_format + (f" scaling {self.p_scaling}" if self.p_format == "fp8_e4m3" else "")
+        parts = [f"QK {qk}", f"V {v}", f"P {p}", f"out {self.out_format}"]
+        if self.accumulation == "reduced":
+            parts.append(f"accum reduced {self.accum_mantissa_bits}b flush {self.accum_flush_keys}"
+                         " keys")
+        parts.append(f"smooth {self.smoothing}")
         if self.v_bias_correction:
             parts.append("V-bias corr")
         if self.hadamard:
             parts.append("hadamard")
         if self.sparsity == "sol":
-            parts.append(f"sol tau={self.sol_tau} {self.sol_threshold}")
+            parts.append(f"sol tau={self.sol_tau} {self.sol_threshold} block={self.sol_block} "
+                         f"band={self.sol_band}")
         elif self.sparsity == "vsa":
             parts.append(f"vsa tile={self.vsa_tile} keep={self.vsa_keep} {self.vsa_prefix}")
         if self.dense_prefix:

@@ -18,7 +18,14 @@ import torch
 
 from workbench.attention import SegmentLayout, select_heads
 from workbench.evaluate import TABLE_ROWS, Comparison, evaluate
-from workbench.metrics import BOUNDARY_LABELS, benefit_pct, json_safe
+from workbench.metrics import (
+    BOUNDARY_LABELS,
+    benefit_pct,
+    channel_groups,
+    fmt,
+    fmt_benefit,
+    json_safe,
+)
 from workbench.recipes import AttentionRecipe, get_recipe
 
 
@@ -38,6 +45,10 @@ class AccuracyTable:
     per_head: dict  # {"a"|"b": {boundary: {metric: [..]}}}
     seconds: float = 0.0
     extras: dict = field(default_factory=dict)
+    head_dim: int = 128
+    causal: bool = False
+    # {segment: {"rows": sampled rows, "start", "stop", "a": mse, "b": mse}} in sequence order
+    segments: dict = field(default_factory=dict)
 
     def row(self, boundary: str) -> dict:
         return next(r for r in self.rows if r["boundary"] == boundary)
@@ -58,6 +69,9 @@ class AccuracyTable:
             "output_benefit_ci95": list(self.output_benefit_ci),
             "exact_fraction": self.exact_fraction,
             "token_mean_drift": self.drift,
+            "output_mse_by_segment": self.segments,
+            "head_dim": self.head_dim,
+            "causal": self.causal,
             "per_head": self.per_head,
             "seconds": self.seconds,
             **self.extras,
@@ -68,71 +82,71 @@ class AccuracyTable:
 
     def to_markdown(self) -> str:
         a, b = self.recipe_a, self.recipe_b
+        la, lb = a.label(), b.label()
         heads = _ranges(self.heads)
         lines = [
             "### Smooth Attention Kernel Accuracy",
             "",
             f"Input: {self.source}. Heads {heads}, {len(self.query_rows)} evenly spaced query "
-            f"positions, full K/V context ({self.seq_len:,} keys), float64 dense reference.",
+            f"positions, full K/V context ({self.seq_len:,} keys"
+            + ("; causal: each row attends to the keys up to itself" if self.causal else "")
+            + "), float64 dense reference.",
             "",
             f"- A = `{a.to_string()}`: {a.describe()}",
             f"- B = `{b.to_string()}`: {b.describe()}",
             "",
-            f"| Boundary | {a.name} MSE | {b.name} MSE | Benefit |",
+            f"| Boundary | A `{la}` MSE | B `{lb}` MSE | Benefit |",
             "|---|---|---|---|",
         ]
         for r in self.rows:
-            ben = _fmt_benefit(r["benefit_pct"])
+            ben = fmt_benefit(r["benefit_pct"])
             if r["boundary"] == "attention_output":
                 lo, hi = self.output_benefit_ci
-                ben += f" (95% CI {lo:.2f}% to {hi:.2f}%)"
+                ben += f" (95% CI {fmt_benefit(lo)} to {fmt_benefit(hi)})"
             lines.append(f"| {r['label']} | {_e(r['mse_a'])} | {_e(r['mse_b'])} | {ben} |")
         o = self.output
         lines += [
             "",
-            f"| Attention output | {a.name} | {b.name} |",
+            f"| Attention output | A `{la}` | B `{lb}` |",
             "|---|---|---|",
-            f"| cosine | {o['cosine']['a']:.6f} | {o['cosine']['b']:.6f} |",
-            f"| relative L2 | {o['rel_l2']['a']:.5f} | {o['rel_l2']['b']:.5f} |",
-            f"| SQNR (dB) | {o['sqnr_db']['a']:.2f} | {o['sqnr_db']['b']:.2f} |",
-            f"| max abs error | {_e(o['max_abs']['a'])} | {_e(o['max_abs']['b'])} |",
-            f"| exact-route block fraction | {self.exact_fraction['a']:.4f} | "
-            f"{self.exact_fraction['b']:.4f} |",
         ]
+        for key, label in (("cosine", "cosine"), ("rel_l2", "relative L2"),
+                           ("sqnr_db", "SQNR (dB)"), ("max_abs", "max abs error")):
+            lines.append(f"| {label} | {fmt(o[key]['a'], key)} | {fmt(o[key]['b'], key)} |")
+        lines.append(f"| exact-route block fraction | {fmt(self.exact_fraction['a'], 'fraction')}"
+                     f" | {fmt(self.exact_fraction['b'], 'fraction')} |")
+        if len(self.segments) > 1:  # one segment: the overall row above says it all
+            lines += ["", f"| Attention output MSE by segment | sampled rows | A `{la}` | "
+                          f"B `{lb}` | Benefit |", "|---|---|---|---|---|"]
+            for name, sg in self.segments.items():
+                lines.append(f"| {name} (rows {sg['start']:,}-{sg['stop'] - 1:,}) | {sg['rows']} "
+                             f"| {_e(sg['a'])} | {_e(sg['b'])} | "
+                             f"{fmt_benefit(benefit_pct(sg['a'], sg['b']))} |")
         d = self.drift
         lines += [
             "",
-            "| Token-mean drift (mean abs, per channel) | "
-            f"{a.name} | {b.name} |",
+            f"| Token-mean drift (mean abs, per channel) | A `{la}` | B `{lb}` |",
             "|---|---|---|",
-            f"| K, rotated channels 0-{d['rotated'] - 1} | {_e(d['k_rot']['a'])} | "
-            f"{_e(d['k_rot']['b'])} |",
-            f"| K, pass-through channels {d['rotated']}+ | {_e(d['k_pass']['a'])} | "
-            f"{_e(d['k_pass']['b'])} |",
-            f"| V, rotated channels | {_e(d['v_rot']['a'])} | {_e(d['v_rot']['b'])} |",
-            f"| V, pass-through channels | {_e(d['v_pass']['a'])} | {_e(d['v_pass']['b'])} |",
         ]
+        for t in ("K", "V"):
+            for key, label, _, _ in channel_groups(d["rotated"], self.head_dim):
+                k = f"{t.lower()}_{key}"
+                lines.append(f"| {t}, {label} | {_e(d[k]['a'])} | {_e(d[k]['b'])} |")
         ph_a = self.per_head["a"]["attention_output"]["mse"]
         ph_b = self.per_head["b"]["attention_output"]["mse"]
         lines += ["", "| Head | " + " | ".join(str(h) for h in self.heads) + " |",
                   "|---|" + "---|" * len(self.heads)]
-        lines.append(f"| output MSE {a.name} | " + " | ".join(_e(x) for x in ph_a) + " |")
-        lines.append(f"| output MSE {b.name} | " + " | ".join(_e(x) for x in ph_b) + " |")
+        lines.append("| output MSE A | " + " | ".join(_e(x) for x in ph_a) + " |")
+        lines.append("| output MSE B | " + " | ".join(_e(x) for x in ph_b) + " |")
         lines.append(
-            "| benefit | " + " | ".join(_fmt_benefit(benefit_pct(x, y)) for x, y in
+            "| benefit | " + " | ".join(fmt_benefit(benefit_pct(x, y)) for x, y in
                                         zip(ph_a, ph_b)) + " |"
         )
         return "\n".join(lines) + "\n"
 
 
 def _e(x: float) -> str:
-    return f"{x:.3e}"
-
-
-def _fmt_benefit(b: float) -> str:
-    if b > 99.99999:
-        return ">99.99999%"
-    return f"{b:.2f}%"
+    return fmt(x, "mse")
 
 
 def _ranges(h: list[int]) -> str:
@@ -152,9 +166,14 @@ def table_from_comparison(c: Comparison, a: str, b: str, *, source: str = "",
                      "benefit_pct": benefit_pct(ma, mb)})
     output = {m: {"a": ea.overall["attention_output"][m], "b": eb.overall["attention_output"][m]}
               for m in ("mse", "cosine", "rel_l2", "sqnr_db", "max_abs")}
+    # keys k_rot / k_pass / v_rot / v_pass (those of the non-empty channel groups)
     drift: dict = {"rotated": c.rotated}
-    for key in ("k_rot", "k_pass", "v_rot", "v_pass"):
+    for key in ea.drift_summary:
         drift[key] = {"a": ea.drift_summary[key], "b": eb.drift_summary[key]}
+    bands = {n: (lo, hi) for n, lo, hi in c.layout.bands()}
+    segments = {n: {"rows": sa["rows"], "start": bands[n][0], "stop": bands[n][1],
+                    "a": sa["mse"], "b": eb.segments[n]["mse"]}
+                for n, sa in ea.segments.items()}
     return AccuracyTable(
         recipe_a=ea.recipe,
         recipe_b=eb.recipe,
@@ -169,6 +188,9 @@ def table_from_comparison(c: Comparison, a: str, b: str, *, source: str = "",
         drift=drift,
         per_head={"a": ea.heads, "b": eb.heads},
         seconds=c.seconds,
+        head_dim=c.head_dim,
+        causal=c.causal,
+        segments=segments,
     )
 
 
@@ -184,21 +206,26 @@ def accuracy_table(
     head_labels: list[int] | None = None,
     n_queries: int = 64,
     query_index=None,
-    rotated: int = 96,
+    rotated: int | None = None,
     source: str = "",
     step: int | None = None,
     layer: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
 ) -> AccuracyTable:
     """Build the table. q [B, S, H, D], k/v [B, S, Hkv, D]; `heads` selects query heads.
 
     step/layer are passed to the recipes (their dense policy applies) only when given.
+    rotated: RoPE channels per head, 0..D (None: not known; drift over all channels).
+    causal / scale: the model's mask and softmax scale (``evaluate``).
     """
     t0 = time.perf_counter()
     a, b = get_recipe(recipe_a), get_recipe(recipe_b)
     q, k, v = select_heads(q, k, v, heads)
     labels = head_labels or (list(heads) if heads is not None else list(range(q.shape[2])))
     c = evaluate(q, k, v, {"a": a, "b": b}, layout=layout, n_queries=n_queries,
-                 query_index=query_index, heads=labels, rotated=rotated, step=step, layer=layer)
+                 query_index=query_index, heads=labels, rotated=rotated, step=step, layer=layer,
+                 causal=causal, scale=scale)
     table = table_from_comparison(c, "a", "b", source=source)
     table.seconds = time.perf_counter() - t0
     return table

@@ -18,8 +18,11 @@ from workbench.recipes import get_recipe
 
 
 def load_table_input(args) -> dict:
-    """q, k, v, layout, source string and head labels from --synthetic or --store."""
-    heads = parse_int_list(args.heads, "--heads", allow_all=False) if args.heads else [0, 1, 2, 3]
+    """q, k, v, layout, source string and head labels from --synthetic or --store.
+
+    --heads: a list / ranges (``0-13``), or ``all`` (every captured head; every head of the
+    synthetic input)."""
+    heads = parse_int_list(args.heads, "--heads") if args.heads else [0, 1, 2, 3]
     if args.store:
         from workbench.capture import open_capture
 
@@ -27,8 +30,15 @@ def load_table_input(args) -> dict:
             raise ValueError("--store needs --step and --layer (see `workbench inspect STORE`)")
         cap = open_capture(args.store)
         entry = cap.find(args.step, args.layer)
+        captured = [int(h) for h in cap.entry_metadata(entry)[0]["q_heads"]]
         if not args.heads:  # default: the seed's heads 0-3, or as many as were captured
-            heads = list(cap.root[entry.path].attrs["q_heads"])[:4]
+            heads = captured[:4]
+        elif heads is None:  # all
+            heads = captured
+        missing = [h for h in heads if h not in captured]
+        if missing:
+            raise ValueError(f"--heads: {missing} not captured in {args.store} entry "
+                             f"{entry.path}; captured query heads: {captured}")
         if cap.query_rows(args.step, args.layer) is not None:
             raise ValueError(
                 f"{args.store}: entry step={args.step} layer={args.layer} kept only some query "
@@ -36,24 +46,34 @@ def load_table_input(args) -> dict:
                 "this layer with query_rows=None"
             )
         q, k, v = cap.qkv(args.step, args.layer, heads=heads, device=args.device)
-        rotated = int(cap.attrs.get("rotated_channels", 96)) if hasattr(cap, "attrs") else 96
+        call = cap.attention_call()
+        causal = call["causal"] if args.causal is None else args.causal
+        if call["causal"] and not causal:
+            print(f"note: {args.store} records a causal model; this replay is non-causal "
+                  "(--no-causal)", file=sys.stderr)
         return dict(q=q, k=k, v=v, layout=cap.layout, heads=None, head_labels=heads,
-                    rotated=rotated,
-                    source=f"capture store `{args.store}`, step {args.step}, layer {args.layer}")
+                    rotated=cap.rotated_channels, causal=causal, scale=call["scale"],
+                    source=f"capture store `{args.store}`, step {args.step}, layer {args.layer}"
+                           + ("" if causal else ", non-causal replay"))
     from workbench.synthetic import H3_SYNTHETIC, small_config, synthetic_qkv
     from dataclasses import replace
 
     if args.synthetic == "h3":
         cfg = H3_SYNTHETIC
     elif args.synthetic == "small":
-        cfg = small_config(seq_len=2048, heads=max(heads) + 1)
+        cfg = small_config(seq_len=2048, heads=max(heads) + 1 if heads else 4)
     else:
         raise ValueError(f"--synthetic: unknown input {args.synthetic!r}; choose h3 or small")
     cfg = replace(cfg, seed=args.seed, drift=args.drift)
+    heads = list(range(cfg.heads)) if heads is None else heads
+    bad = [h for h in heads if h >= cfg.heads]
+    if bad:
+        raise ValueError(f"--heads: {bad} out of range for --synthetic {args.synthetic}, which "
+                         f"has {cfg.heads} heads (0-{cfg.heads - 1})")
     q, k, v = synthetic_qkv(cfg, heads=heads, device=args.device)
     shape = (cfg.batch, cfg.seq_len, cfg.heads, cfg.head_dim)
     return dict(q=q, k=k, v=v, layout=cfg.layout, heads=None, head_labels=heads,
-                rotated=cfg.rotated,
+                rotated=cfg.rotated, causal=bool(args.causal), scale=None,
                 source=f"synthetic H3-like input `--synthetic {args.synthetic}` (seed {args.seed}, "
                        f"shape {shape}, drift {args.drift}; not H3 activations)")
 
@@ -72,6 +92,7 @@ def cmd_table(args) -> int:
         inp["q"], inp["k"], inp["v"], get_recipe(args.a), get_recipe(args.b),
         layout=inp["layout"], heads=inp["heads"], head_labels=inp["head_labels"],
         n_queries=args.queries, rotated=inp["rotated"], source=inp["source"],
+        causal=inp["causal"], scale=inp["scale"],
     )
     table.extras["wall_seconds_including_input"] = time.perf_counter() - t0
     print(table.to_markdown())
@@ -119,7 +140,7 @@ def cmd_report(args) -> int:
         raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
     md = write_report(args.store, args.a, args.b, args.out, step=args.step, layer=args.layer,
                       heads=heads, n_queries=args.queries, formats=formats,
-                      device=args.device)
+                      device=args.device, html_inline=args.html_inline, causal=args.causal)
     print(md)
     return 0
 
@@ -144,7 +165,11 @@ def _add_input_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", type=int, default=None, help="step index of the store entry")
     p.add_argument("--layer", type=int, default=None, help="layer index of the store entry")
     p.add_argument("--heads", default=None,
-                   help="query heads, e.g. 0-3 or 0,5,9 (default 0-3, or the captured ones)")
+                   help="query heads: 0,5,9, ranges 0-13, or all (default 0-3, or the first four "
+                        "captured)")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                   help="mask keys after each row, in the recipes and the reference (default: "
+                        "as the store records, e.g. a transformers decoder)")
     p.add_argument("--queries", type=positive_int, default=64,
                    help="evenly spaced query rows (default 64)")
     p.add_argument("--seed", type=int, default=0, help="synthetic seed (default 0)")
@@ -176,6 +201,11 @@ def register(sub) -> None:
     p.add_argument("--heads", default=None, help="query heads, e.g. 0-3 (default: first 4)")
     p.add_argument("--queries", type=positive_int, default=64, help="evenly spaced query rows")
     p.add_argument("--formats", default="png,svg,html", help="comma list of png, svg, html")
+    p.add_argument("--html-inline", action="store_true",
+                   help="self-contained HTML pages (plotly.js in each, ~4.8 MB) instead of pages "
+                        "sharing one plotly.js file next to them")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                   help="mask keys after each row (default: as the store records)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.set_defaults(func=cmd_report)
 

@@ -76,8 +76,9 @@ def demo_report(out: Path) -> int:
         return 0
     formats = ("png", "svg", "html")
     if browser_path() is None:
-        print("[demo] /usr/bin/chromium missing: report as HTML only (PNG/SVG need Chromium; "
-              "run `bash scripts/ensure_chromium.sh` as root)", file=sys.stderr)
+        print("[demo] /usr/bin/chromium missing (and no BROWSER_PATH): the report's figures are "
+              "HTML only, no PNG/SVG; kaleido needs Chromium for those: run `bash "
+              "scripts/ensure_chromium.sh` as root (Debian's chromium package)", file=sys.stderr)
         formats = ("html",)
     md = write_report(store, "fp8_sol_unsmoothed", "fp8_sol_kv_corrected", out, formats=formats,
                       log=lambda m: print("[demo] " + m, file=sys.stderr))

@@ -2,10 +2,14 @@
 
 Writes, for one store entry (step, layer) and two recipes:
 
-- ``figures/<name>.png`` and ``.svg`` through kaleido, which drives the system Chromium
-  (``BROWSER_PATH``, default ``/usr/bin/chromium``; nothing here ever downloads a browser);
-- ``figures/<name>.html``: one self-contained page per figure (plotly.js inlined, works offline);
-- ``report.md``: the seed PR's tables (``AccuracyTable.to_markdown``) with the figures linked;
+- ``figures/<name>.png`` (at twice the layout's pixel size, sharp on high-density screens and in
+  PR pages) and ``.svg`` through kaleido, which drives the system Chromium (``BROWSER_PATH``,
+  default ``/usr/bin/chromium``; nothing here ever downloads a browser);
+- ``figures/<name>.html``: one page per figure, all loading one ``plotly-<version>.min.js`` next
+  to them (works offline; ~10 kB per page instead of 4.8 MB), or self-contained pages with
+  plotly.js inlined (``html_inline=True``, ``workbench report --html-inline``);
+- ``report.md``: the seed PR's tables (``AccuracyTable.to_markdown``) with the figures linked, every
+  path relative to the report, so the folder can be moved or committed as it is;
 - ``report.json``: the table and the figure inputs' headline numbers.
 """
 
@@ -21,7 +25,15 @@ from pathlib import Path
 from workbench.recipes import get_recipe
 
 DEFAULT_BROWSER = "/usr/bin/chromium"
-FIG_WIDTH, FIG_HEIGHT = 1000, 560
+FIG_WIDTH, FIG_HEIGHT = 1000, 560  # layout size in CSS pixels
+PNG_SCALE = 2  # PNGs are FIG_WIDTH * 2 x FIG_HEIGHT * 2 pixels
+
+
+def plotlyjs_name() -> str:
+    """File name of the shared plotly.js bundle, versioned so an older copy is never reused."""
+    from plotly.offline import get_plotlyjs_version
+
+    return f"plotly-{get_plotlyjs_version()}.min.js"
 
 
 def browser_path() -> str | None:
@@ -55,16 +67,30 @@ def report_figures(source, recipe_a, recipe_b, *, step, layer, heads=None, n_que
 
 
 def write_figures(figs: dict, out: Path, *, formats=("png", "svg", "html"),
-                  width: int = FIG_WIDTH, height: int = FIG_HEIGHT) -> dict[str, dict[str, Path]]:
-    """Write every figure in every format. Returns {name: {format: path}}."""
+                  width: int = FIG_WIDTH, height: int = FIG_HEIGHT, scale: int = PNG_SCALE,
+                  html_inline: bool = False) -> dict[str, dict[str, Path]]:
+    """Write every figure in every format. Returns {name: {format: path}}.
+
+    PNGs are `scale` times the layout's pixel size (SVG is vector). HTML pages share one plotly.js
+    file written next to them, or inline it each (`html_inline`: a page that travels alone).
+    """
     import plotly.io as pio
 
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, dict[str, Path]] = {name: {} for name in figs}
     if "html" in formats:
+        include: str | bool = True
+        if not html_inline:
+            from plotly.offline import get_plotlyjs
+
+            include = plotlyjs_name()
+            bundle = out / include
+            js = get_plotlyjs()
+            if not bundle.exists() or bundle.stat().st_size != len(js.encode()):
+                bundle.write_text(js, encoding="utf-8")
         for name, (fig, _) in figs.items():
             p = out / f"{name}.html"
-            fig.write_html(p, include_plotlyjs=True, full_html=True)
+            fig.write_html(p, include_plotlyjs=include, full_html=True)
             written[name]["html"] = p
     static = [f for f in ("png", "svg") if f in formats]
     if static:
@@ -81,7 +107,7 @@ def write_figures(figs: dict, out: Path, *, formats=("png", "svg", "html"),
                 paths.append(out / f"{name}.{fmt}")
                 written[name][fmt] = paths[-1]
         # One browser for the whole batch (one launch per figure costs ~2 s each).
-        pio.write_images(items, paths, width=width, height=height, scale=1)
+        pio.write_images(items, paths, width=width, height=height, scale=scale)
     return written
 
 
@@ -101,14 +127,17 @@ def figures_markdown(figs: dict, written: dict, out: Path) -> list[str]:
 
 def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads=None,
                  n_queries: int = 64, formats=("png", "svg", "html"), device: str = "cpu",
-                 log=print) -> Path:
-    """Export figures, tables and markdown for one store entry. Returns the markdown path."""
+                 html_inline: bool = False, causal: bool | None = None, log=print) -> Path:
+    """Export figures, tables and markdown for one store entry. Returns the markdown path.
+
+    html_inline: self-contained HTML pages (plotly.js in each) instead of one shared bundle.
+    causal: mask keys after each row (None: as the store records)."""
     from workbench.evaluate import ReplaySource
     from workbench.report.accuracy_table import table_from_comparison
 
     t0 = time.perf_counter()
     out = Path(out)
-    src = ReplaySource(store, device=device)
+    src = ReplaySource(store, device=device, causal=causal)
     step = src.steps[-1] if step is None else step
     layer = src.layers[-1] if layer is None else layer
     heads = list(heads) if heads is not None else src.heads[:4]
@@ -118,12 +147,13 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     table = table_from_comparison(comp, a.to_string(), b.to_string(),
                                   source=f"capture store `{src.name}`, step {step}, layer {layer}")
     fig_dir = out / "figures"
-    written = write_figures(figs, fig_dir, formats=formats)
+    written = write_figures(figs, fig_dir, formats=formats, html_inline=html_inline)
+    store_rel = Path(os.path.relpath(Path(src.path).resolve(), out.resolve())).as_posix()
 
     lines = [
-        f"## Attention accuracy report: `{a.name}` vs `{b.name}`",
+        f"## Attention accuracy report: `{a.label()}` vs `{b.label()}`",
         "",
-        f"Store `{src.path}` ({src.describe()}). Entry: step {step}, layer {layer}. Reference "
+        f"Store `{store_rel}` ({src.describe()}). Entry: step {step}, layer {layer}. Reference "
         "path (torch emulation of each recipe) against float64 dense attention; the recipes' "
         "dense policy (dense steps / layers) is not applied, so the entry runs each recipe's "
         "own numerics.",
@@ -136,13 +166,15 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     md = out / "report.md"
     md.write_text("\n".join(lines))
     data = {
-        "store": str(src.path), "step": step, "layer": layer, "heads": heads,
+        "store": store_rel, "step": step, "layer": layer, "heads": heads,
         "table": json.loads(table.to_json()),
         "readout": comp.readout(),
         "layer_head_output_mse": {t: g.tolist() for t, g in grids.items()},
         "layers": src.layers,
         "figures": {n: {f: p.relative_to(out).as_posix() for f, p in w.items()}
                     for n, w in written.items()},
+        "png_scale": PNG_SCALE,
+        "html": "inline" if html_inline else f"figures/{plotlyjs_name()}",
         "seconds": time.perf_counter() - t0,
     }
     (out / "report.json").write_text(json.dumps(data, indent=1, default=str))

@@ -5,8 +5,10 @@ given (the unit tests read them back), with hover templates that show exact valu
 these figures in ``go.FigureWidget`` and update their traces in place.
 
 Colour code used throughout: recipe A (baseline) grey-blue, recipe B (candidate) orange; segments
-text / conditioning / audio / video shaded with fixed colours; rotated vs pass-through channels
-marked with a shaded pass-through region.
+text / conditioning / audio / video shaded with fixed colours (segments of other models take the
+palette in sequence order); rotated vs pass-through channels marked with a shaded pass-through
+region. Numbers use one format per quantity (``workbench.metrics.NUMBER_FORMATS``) in hovers,
+cell text and titles, as in the tables.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.metrics import NUMBER_FORMATS, channel_groups
+
 RECIPE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"]
 SEGMENT_COLORS = {
     "text": "rgba(76,114,176,0.13)",
@@ -26,6 +30,9 @@ SEGMENT_COLORS = {
     "audio": "rgba(85,168,104,0.15)",
     "video": "rgba(221,132,82,0.08)",
 }
+# Segments of layouts other than H3's, in sequence order.
+SEGMENT_PALETTE = ["rgba(76,114,176,0.13)", "rgba(85,168,104,0.15)", "rgba(221,132,82,0.10)",
+                   "rgba(129,114,179,0.13)", "rgba(196,78,82,0.12)", "rgba(147,120,96,0.13)"]
 METRIC_LABELS = {
     "mse": "MSE",
     "rel_l2": "relative L2",
@@ -68,6 +75,39 @@ def _color(i: int) -> str:
     return RECIPE_COLORS[i % len(RECIPE_COLORS)]
 
 
+def _nf(kind: str) -> str:
+    """d3 format of a quantity ("mse", "benefit", ...; unknown kinds: 3 significant digits)."""
+    return NUMBER_FORMATS.get(kind, ".3g")
+
+
+def segment_color(name: str, index: int) -> str:
+    """H3's segments keep their colours; other segments take the palette by position."""
+    return SEGMENT_COLORS.get(name) or SEGMENT_PALETTE[index % len(SEGMENT_PALETTE)]
+
+
+def band_label_rows(bands: Sequence[tuple[str, int, int]], x_lo: float, x_hi: float, *,
+                    plot_px: float = 820.0, char_px: float = 7.5) -> list[int]:
+    """Row (0 = top) for each band's label so that no two labels overlap.
+
+    A label starts at its band's left edge and is about len(name) * char_px pixels wide on a plot
+    `plot_px` wide spanning x_lo..x_hi; a short segment next to a long one (H3's 356 audio rows
+    beside 32,256 video rows) would print its name over its neighbour's, so it moves down a row.
+    """
+    span = max(x_hi - x_lo, 1e-9)
+    ends: list[float] = []  # right end of the last label in each row
+    rows = []
+    for name, a, _ in bands:
+        x0 = (a - 0.5 - x_lo) / span * plot_px
+        x1 = x0 + (len(name) + 1) * char_px
+        r = next((i for i, end in enumerate(ends) if x0 >= end), len(ends))
+        if r == len(ends):
+            ends.append(x1)
+        else:
+            ends[r] = x1
+        rows.append(r)
+    return rows
+
+
 # -- per-head error heatmap ---------------------------------------------------------------------
 def per_head_heatmap(
     values,
@@ -102,6 +142,7 @@ def per_head_heatmap(
         lo, hi = (float(x) for x in value_range)
         zmin, zmax = (math.log10(lo), math.log10(hi)) if log_color and lo > 0 else (lo, hi)
     label = METRIC_LABELS.get(metric, metric)
+    kind = "benefit" if metric.startswith("benefit") else metric
     # Signed values (a benefit) get a diverging scale centred on 0: blue = B better.
     signed = bool(not log_color and fin.size and fin.min() < 0 < fin.max())
     fig = go.Figure(go.Heatmap(
@@ -112,11 +153,12 @@ def per_head_heatmap(
         colorscale="RdBu" if signed else "Viridis",
         zmid=0 if signed else None, zmin=zmin, zmax=zmax,
         # Small grids print the exact value in each cell (PNG exports have no hover).
-        text=[[f"{x:.3g}" for x in r] for r in z] if z.size <= 200 else None,
+        text=[[format(x, _nf(kind)) for x in r] for r in z] if z.size <= 200 else None,
         texttemplate="%{text}" if z.size <= 200 else None,
         xgap=1, ygap=1,
         colorbar=dict(title=("log10 " if log_color else "") + label),
-        hovertemplate="layer %{y}, head %{x}<br>" + label + " = %{customdata:.6e}<extra></extra>",
+        hovertemplate="layer %{y}, head %{x}<br>" + label + " = %{customdata:" + _nf(kind)
+                      + "}<extra></extra>",
         name=recipe or metric,
     ))
     fig.update_layout(
@@ -158,7 +200,7 @@ def boundary_bars(
         fig.add_bar(
             name=name, x=[labels.get(b, b) for b in bds], y=_finite_or_none(np.array(y)),
             marker_color=_color(i),
-            hovertemplate="%{x}<br>" + name + ": %{y:.6e}<extra></extra>",
+            hovertemplate="%{x}<br>" + name + ": %{y:" + _nf(metric) + "}<extra></extra>",
         )
     fig.update_layout(
         template=_tpl(), barmode="group", title=f"{METRIC_LABELS.get(metric, metric)} per boundary",
@@ -173,7 +215,7 @@ def boundary_bars(
 def drift_per_channel(
     drift: Mapping[str, object],
     *,
-    rotated: int = 96,
+    rotated: int | None = 96,
     tensor: str = "K",
     log_y: bool = True,
 ) -> go.Figure:
@@ -182,31 +224,32 @@ def drift_per_channel(
     drift: {recipe name: per-channel drift [D]} (e.g. token_mean_drift(...)["per_channel"] averaged
     over batch and heads). Rotated channels 0..rotated-1 and pass-through channels rotated..D-1 are
     separate traces (solid vs dotted) over a shaded pass-through region, because RoPE rotates only
-    the first `rotated` channels and their statistics differ.
+    the first `rotated` channels and their statistics differ. A group without channels (rotated 0
+    or D) has no trace and no label; rotated None (not known): one trace over every channel.
     """
     fig = go.Figure()
-    D = 0
+    D = max((_np(d).size for d in drift.values()), default=0)
+    groups = channel_groups(rotated, D) if D else []
+    dashes = {"rot": "solid", "pass": "dot", "all": "solid"}
     for i, (name, d) in enumerate(drift.items()):
         d = _np(d).reshape(-1)
-        D = max(D, d.size)
         ch = np.arange(d.size)
-        for part, sl, dash in (("rotated", ch < rotated, "solid"),
-                               ("pass-through", ch >= rotated, "dot")):
-            if not sl.any():
-                continue
+        for key, label, a, b in groups:
+            part = label.split(" channels")[0] if key != "all" else "all channels"
             fig.add_scatter(
-                x=ch[sl].tolist(), y=_finite_or_none(d[sl]), mode="lines+markers",
-                marker_size=3, line=dict(color=_color(i), dash=dash),
+                x=ch[a:b].tolist(), y=_finite_or_none(d[a:b]), mode="lines+markers",
+                marker_size=3, line=dict(color=_color(i), dash=dashes[key]),
                 name=f"{name}, {part}", legendgroup=name,
-                hovertemplate="channel %{x}<br>drift %{y:.4e}<extra>" + name + f" ({part})</extra>",
+                hovertemplate="channel %{x}<br>drift %{y:" + _nf("drift") + "}<extra>" + name
+                              + f" ({part})</extra>",
             )
-    if 0 < rotated < D:
+    if rotated is not None and 0 < rotated < D:
         fig.add_vrect(x0=rotated - 0.5, x1=D - 0.5, fillcolor="rgba(120,120,120,0.12)",
-                      line_width=0, annotation_text=f"pass-through {rotated}-{D - 1}",
+                      line_width=0, annotation_text=groups[-1][1],
                       annotation_position="top left")
     fig.update_layout(
-        template=_tpl(), title=f"{tensor} token-mean drift per channel "
-                                 f"(rotated 0-{rotated - 1} vs pass-through)",
+        template=_tpl(), title=f"{tensor} token-mean drift per channel ("
+                               + " | ".join(g[1] for g in groups) + ")",
         xaxis_title="channel", yaxis_title="|mean(dequant) - mean| (abs)",
     )
     if log_y:
@@ -228,20 +271,28 @@ def error_along_tokens(
     "segment", "bands"). bands: [(segment, start, stop)]; default: the first curve's bands.
     """
     fig = go.Figure()
+    xs: list[int] = []
     for i, (name, c) in enumerate(curves.items()):
         seg = c.get("segment") or [""] * len(c["row"])
+        xs += list(c["row"])
         fig.add_scatter(
             x=list(c["row"]), y=_finite_or_none(np.array(c[metric])), mode="lines+markers",
             marker_size=4, line_color=_color(i), name=name, customdata=list(seg),
             hovertemplate="row %{x} (%{customdata})<br>" + METRIC_LABELS.get(metric, metric)
-                          + " %{y:.4e}<extra>" + name + "</extra>",
+                          + " %{y:" + _nf(metric) + "}<extra>" + name + "</extra>",
         )
     if bands is None and curves:
         bands = next(iter(curves.values())).get("bands")
-    for seg, a, b in bands or []:
-        fig.add_vrect(x0=a - 0.5, x1=b - 0.5, fillcolor=SEGMENT_COLORS.get(seg, "rgba(0,0,0,0.05)"),
-                      line_width=0, layer="below", annotation_text=seg,
-                      annotation_position="top left")
+    bands = list(bands or [])
+    for i, (seg, a, b) in enumerate(bands):
+        fig.add_vrect(x0=a - 0.5, x1=b - 0.5, fillcolor=segment_color(seg, i), line_width=0,
+                      layer="below")
+    if bands:
+        lo = min([bands[0][1] - 0.5] + xs)
+        hi = max([bands[-1][2] - 0.5] + xs)
+        for (seg, a, _), r in zip(bands, band_label_rows(bands, lo, hi)):
+            fig.add_annotation(x=a - 0.5, xref="x", xanchor="left", y=1 - 0.07 * r, yref="paper",
+                               yanchor="top", text=seg, showarrow=False, font_size=12)
     fig.update_layout(
         template=_tpl(), title=f"Attention output {METRIC_LABELS.get(metric, metric)} along "
                                  "the sequence",
@@ -256,11 +307,19 @@ def error_along_tokens(
 def band_shapes(bands: Sequence[tuple[str, int, int]]) -> list[dict]:
     """Layout shapes for segment bands (used by widgets to replace the shading in place)."""
     return [dict(type="rect", xref="x", yref="paper", x0=a - 0.5, x1=b - 0.5, y0=0, y1=1,
-                 fillcolor=SEGMENT_COLORS.get(s, "rgba(0,0,0,0.05)"), line_width=0, layer="below")
-            for s, a, b in bands]
+                 fillcolor=segment_color(s, i), line_width=0, layer="below")
+            for i, (s, a, b) in enumerate(bands)]
 
 
 # -- Sol routing map ------------------------------------------------------------------------------
+def routing_levels(m: np.ndarray, n_heads: int | None) -> np.ndarray:
+    """The distinct values a routing map can hold: k / n_heads for k = 0..n_heads when the map is
+    a mean over n_heads heads, else the map's own distinct values (always with 0 and 1)."""
+    if n_heads:
+        return np.arange(n_heads + 1) / n_heads
+    return np.unique(np.concatenate([np.round(m.ravel(), 9), [0.0, 1.0]]))
+
+
 def routing_map(
     block_map,
     *,
@@ -268,29 +327,58 @@ def routing_map(
     exact_fraction: float | None = None,
     title: str = "Sol routing",
     bands: Sequence[tuple[str, int, int]] | None = None,
+    prefix: int | None = None,
+    generated: str = "generated",
+    n_heads: int | None = None,
+    zero_label: str = "summary",
 ) -> go.Figure:
     """Query block x key block map of the routes: 1 = exact, 0 = summary (Sol) / skipped (VSA).
 
-    block_map: [nq, nk] bool (one batch, one head; or pre-averaged over heads, then values are the
-    fraction of heads routing the pair exactly). exact_fraction defaults to the map's mean.
+    block_map: [nq, nk] bool (one batch, one head; or pre-averaged over `n_heads` heads, then values
+    are the fraction of heads routing the pair exactly). Colours are discrete, one per value the
+    map can hold (k of n_heads heads exact), so a reader sees counts, not a gradient; the hover
+    gives the fraction. exact_fraction defaults to the map's mean. prefix: rows of the sink (the
+    layout's prefix_len); a dotted line separates its key blocks from the `generated` ones.
+    bands (older form): the prefix ends where the last non-video band ends.
     """
     m = _np(block_map)
     if m.ndim != 2:
         raise ValueError(f"routing_map: expected [n_qblocks, n_kblocks], got shape {m.shape}")
     frac = float(m.mean()) if exact_fraction is None else float(exact_fraction)
+    levels = routing_levels(m, n_heads)
+    idx = np.abs(m[..., None] - levels).argmin(-1)  # [nq, nk] index of each cell's level
+    n = len(levels)
+    lo_rgb, hi_rgb = np.array([241, 241, 241]), np.array([221, 132, 82])
+    scale = []
+    for i in range(n):  # hard steps: each level owns 1/n of the colour axis
+        c = lo_rgb + (hi_rgb - lo_rgb) * (i / (n - 1) if n > 1 else 1.0)
+        col = "rgb({},{},{})".format(*(int(round(x)) for x in c))
+        scale += [[i / n, col], [(i + 1) / n, col]]
+
+    def tick(v: float) -> str:
+        if v == 0:
+            return zero_label
+        if v == 1:
+            return "exact"
+        k = round(v * n_heads) if n_heads else None
+        return f"{k}/{n_heads} heads exact" if k is not None else f"{v:{_nf('fraction')}} exact"
+
     fig = go.Figure(go.Heatmap(
-        z=m.tolist(), zmin=0, zmax=1, xgap=1 if m.size <= 4096 else 0,
-        ygap=1 if m.size <= 4096 else 0,
-        colorscale=[[0, "#f1f1f1"], [1, "#DD8452"]],
-        colorbar=dict(title="exact", tickvals=[0, 1], ticktext=["summary", "exact"]),
-        hovertemplate="query block %{y}, key block %{x}<br>exact %{z:.3f}<extra></extra>",
+        z=idx.tolist(), customdata=m.tolist(), zmin=-0.5, zmax=n - 0.5,
+        xgap=1 if m.size <= 4096 else 0, ygap=1 if m.size <= 4096 else 0,
+        colorscale=scale,
+        colorbar=dict(title="route", tickvals=list(range(n)),
+                      ticktext=[tick(float(v)) for v in levels]),
+        hovertemplate="query block %{y}, key block %{x}<br>exact %{customdata:"
+                      + _nf("fraction") + "}<extra></extra>",
     ))
-    prefix = max((b for seg, _, b in bands or [] if seg != "video"), default=0)
+    if prefix is None:
+        prefix = max((b for seg, _, b in bands or [] if seg != "video"), default=0)
     if prefix:  # the sink: key blocks holding prefix rows are always exact
         fig.add_vline(x=prefix / block - 0.5, line_dash="dot", line_color="#555",
-                      annotation_text="prefix | video", annotation_position="top right")
+                      annotation_text=f"prefix | {generated}", annotation_position="top right")
     fig.update_layout(
-        template=_tpl(), title=f"{title}: exact-route fraction {frac:.4f}",
+        template=_tpl(), title=f"{title}: exact-route fraction {frac:{_nf('fraction')}}",
         xaxis_title=f"key block ({block} rows)", yaxis_title=f"query block ({block} rows)",
     )
     nq, nk = m.shape
@@ -360,10 +448,14 @@ def comparison_figures(
             f"output-MSE benefit of {nb} over {na} per layer and head (%)")
     for name, e in ((nb, eb), (na, ea)):
         if e.block_map is not None:
+            lay = comparison.layout
             figs["routing_map"] = (routing_map(
                 e.block_map, block=e.block, exact_fraction=e.exact_fraction,
                 title=f"{name} {e.recipe.sparsity} routing{at} (mean over heads)",
-                bands=comparison.layout.bands()), f"{name} block routing{at}")
+                prefix=lay.prefix_len, generated=lay.generated or "generated",
+                n_heads=len(comparison.heads),
+                zero_label="skipped" if e.recipe.sparsity == "vsa" else "summary"),
+                f"{name} block routing{at}")
             break
     return figs
 
@@ -406,7 +498,7 @@ def frame_grid(
         fig.add_trace(go.Heatmap(
             z=diff_all[f].tolist(), zmin=0, zmax=zmax, colorscale="Magma", showscale=(r == 1),
             colorbar=dict(title="|diff|", len=0.5, y=1, yanchor="top"),
-            hovertemplate="x %{x}, y %{y}<br>|diff| %{z:.4f}<extra></extra>",
+            hovertemplate="x %{x}, y %{y}<br>|diff| %{z:" + _nf("diff") + "}<extra></extra>",
         ), row=r, col=3)
         fig.update_yaxes(autorange="reversed", scaleanchor=f"x{3 * (r - 1) + 3}", row=r, col=3)
     fig.update_xaxes(showticklabels=False)
@@ -423,6 +515,7 @@ def frame_metric_curves(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> 
     (``workbench.metrics.media.compare_media(...)["curves"]``).
     """
     keys = [("psnr_db", "PSNR (dB)"), ("ssim", "SSIM"), ("cosine", "cosine")]
+    kinds = {"psnr_db": "psnr_db", "ssim": "ssim", "cosine": "frame_cosine"}
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         subplot_titles=[k[1] for k in keys])
     for i, (name, c) in enumerate(curves.items()):
@@ -431,8 +524,8 @@ def frame_metric_curves(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> 
             fig.add_scatter(x=list(range(y.size)), y=_finite_or_none(y), mode="lines+markers",
                             name=name, legendgroup=name, showlegend=(r == 1),
                             line_color=_color(i), marker_size=4, row=r, col=1,
-                            hovertemplate="frame %{x}<br>" + label + " %{y:.6g}<extra>" + name
-                                          + "</extra>")
+                            hovertemplate="frame %{x}<br>" + label + " %{y:" + _nf(kinds[k])
+                                          + "}<extra>" + name + "</extra>")
     fig.update_xaxes(title_text="frame", row=3, col=1)
     fig.update_layout(template=_tpl(), title="Per-frame metrics against the reference",
                       height=620)

@@ -1,11 +1,15 @@
-"""Smoothing explorer: a thin ipywidgets 8 layer over ``compute`` and ``figures``.
+"""Smoothing explorer: a thin ipywidgets 8 layer over ``workbench.evaluate`` and ``figures``.
 
-Every control change rebuilds recipe B (A stays the chosen preset), recomputes both on the
-reference path (CPU by default, CUDA when present) against one float64 dense reference, and updates
-the ``go.FigureWidget`` traces in place inside ``fig.batch_update()``. Sliders fire on release
-(``continuous_update=False``): that is the debounce; untick "auto" to batch several changes and
-press "Run". A progress bar and a status line say what is running; the readout table holds the
-numbers (each cell carries ``data-key="A.output_mse"`` etc., which the browser test reads).
+Recipe A and recipe B start as the recipes given (a preset, a preset with overrides such as
+``fp8_dense:p_scaling=rowmax448``, or a full recipe): nothing the caller set is dropped. The
+controls edit B: a control the user changes overrides its field, every other field stays the
+given recipe's. Every control change recomputes both on the reference path (CPU by default, CUDA
+when present) against one float64 dense reference, and updates the ``go.FigureWidget`` traces in
+place inside ``fig.batch_update()``. Sliders fire on release (``continuous_update=False``): that
+is the debounce; untick "auto" to batch several changes and press "Run". A progress bar and a
+status line say what is running; the readout table holds the numbers, the bootstrap interval of
+the output benefit and the token-mean drift per channel group (each cell carries
+``data-key="A.output_mse"`` etc., which the browser test reads).
 """
 
 from __future__ import annotations
@@ -18,22 +22,27 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.evaluate import ReplaySource, evaluate_entry, layer_head_grid, shipped_stores
-from workbench.metrics import benefit_pct
+from workbench.metrics import benefit_pct, fmt, fmt_benefit
 from workbench.recipes import PRESETS, get_recipe
+from workbench.recipes.recipe import OUT_FORMATS, P_SCALINGS
 
 from . import figures as F
 
+# (readout key, label, number format kind: workbench.metrics.NUMBER_FORMATS)
 READOUT_ROWS = [
-    ("output_mse", "output MSE", "{:.4e}"),
-    ("output_rel_l2", "output relative L2", "{:.5f}"),
-    ("output_cosine", "output cosine", "{:.6f}"),
-    ("output_sqnr_db", "output SQNR (dB)", "{:.2f}"),
-    ("k_mse", "quanted K MSE", "{:.4e}"),
-    ("v_mse", "dequanted V MSE", "{:.4e}"),
-    ("v_mean_mse", "dequanted V's mean MSE", "{:.4e}"),
-    ("exact_fraction", "exact-route fraction", "{:.4f}"),
+    ("output_mse", "output MSE", "mse"),
+    ("output_rel_l2", "output relative L2", "rel_l2"),
+    ("output_cosine", "output cosine", "cosine"),
+    ("output_sqnr_db", "output SQNR (dB)", "sqnr_db"),
+    ("k_mse", "quanted K MSE", "mse"),
+    ("v_mse", "dequanted V MSE", "mse"),
+    ("v_mean_mse", "dequanted V's mean MSE", "mse"),
+    ("exact_fraction", "exact-route fraction", "fraction"),
 ]
 LOWER_IS_BETTER = {"output_mse", "output_rel_l2", "k_mse", "v_mse", "v_mean_mse"}
+# Fields of recipe B the controls edit, in the order they are read.
+CONTROLLED = ("smoothing", "v_bias_correction", "qk_granularity", "sparsity", "sol_tau",
+              "vsa_keep", "p_scaling", "out_format")
 
 
 def _update_in_place(fw: go.FigureWidget, new: go.Figure) -> None:
@@ -59,9 +68,11 @@ def _update_in_place(fw: go.FigureWidget, new: go.Figure) -> None:
 
 
 class SmoothingExplorer:
-    """Recipe A (a preset) against recipe B (a preset edited by the controls) on a store entry.
+    """Recipe A against recipe B (the given recipe, edited by the controls) on a store entry.
 
     explorer = SmoothingExplorer("captures/h3_tiny.zarr"); display(explorer.widget)
+    recipe_a / recipe_b: anything ``get_recipe`` reads; the dropdowns offer them (by their
+    override string) beside the presets.
     """
 
     def __init__(
@@ -88,7 +99,11 @@ class SmoothingExplorer:
         # their ids are stable): changing B does not recompute A, nor the grid's other layers.
         self._cache: dict = {}
         src = self.source
-        base_b = get_recipe(recipe_b)
+        given_a, given_b = get_recipe(recipe_a), get_recipe(recipe_b)
+        # Dropdown label -> recipe: the given recipes under their override strings, then presets.
+        self._choices = {r.label(): r for r in (given_a, given_b)}
+        self._choices.update({n: r for n, r in PRESETS.items() if n not in self._choices})
+        self._loaded: dict = {}  # control values as loaded from B's base recipe
 
         st = W.Layout(width="auto")
         stores = [str(p) for p in shipped_stores()]
@@ -104,26 +119,35 @@ class SmoothingExplorer:
                                  value=-1, description="head", layout=W.Layout(width="150px"))
         self.w_queries = W.IntSlider(value=n_queries, min=8, max=1024, step=8,
                                      description="query rows", continuous_update=False)
-        presets = list(PRESETS)
-        self.w_a = W.Dropdown(options=presets, value=get_recipe(recipe_a).name,
-                              description="recipe A", layout=W.Layout(width="300px"))
-        self.w_b = W.Dropdown(options=presets, value=base_b.name, description="recipe B",
-                              layout=W.Layout(width="300px"))
-        self.w_smooth = W.ToggleButtons(options=["none", "k", "kv"], value=base_b.smoothing,
-                                        description="smoothing", style={"button_width": "56px"})
+        labels = list(self._choices)
+        self.w_a = W.Dropdown(options=labels, value=given_a.label(), description="recipe A",
+                              layout=W.Layout(width="360px"))
+        self.w_b = W.Dropdown(options=labels, value=given_b.label(), description="recipe B",
+                              layout=W.Layout(width="360px"))
+        self.w_smooth = W.ToggleButtons(options=["none", "k", "kv"], description="smoothing",
+                                        style={"button_width": "56px"})
         self.w_smooth.add_class("wb-smoothing")
-        self.w_corr = W.Checkbox(value=base_b.v_bias_correction, description="V-bias correction",
-                                 indent=False, layout=st)
-        self.w_gran = W.Dropdown(options=["block", "token", "tensor"],
-                                 value=base_b.qk_granularity, description="QK scales",
+        self.w_corr = W.Checkbox(description="V-bias correction", indent=False, layout=st)
+        self.w_gran = W.Dropdown(options=["block", "token", "tensor"], description="QK scales",
                                  layout=W.Layout(width="200px"))
-        self.w_sparse = W.ToggleButtons(options=["dense", "sol", "vsa"], value=base_b.sparsity,
-                                        description="sparsity", style={"button_width": "60px"})
+        self.w_sparse = W.ToggleButtons(options=["dense", "sol", "vsa"], description="sparsity",
+                                        style={"button_width": "60px"})
         self.w_sparse.add_class("wb-sparsity")
-        self.w_tau = W.FloatSlider(value=base_b.sol_tau, min=-1.0, max=3.0, step=0.05,
-                                   description="Sol tau", continuous_update=False)
-        self.w_keep = W.FloatSlider(value=base_b.vsa_keep, min=0.05, max=1.0, step=0.05,
-                                    description="VSA keep", continuous_update=False)
+        self.w_tau = W.FloatSlider(min=-1.0, max=3.0, step=0.05, description="Sol tau",
+                                   continuous_update=False)
+        self.w_keep = W.FloatSlider(min=0.05, max=1.0, step=0.05, description="VSA keep",
+                                    continuous_update=False)
+        self.w_pscale = W.ToggleButtons(options=list(P_SCALINGS), description="P scaling",
+                                        style={"button_width": "96px"})
+        self.w_pscale.add_class("wb-pscaling")
+        self.w_out = W.ToggleButtons(options=list(OUT_FORMATS), description="output",
+                                     style={"button_width": "56px"})
+        self.w_out.add_class("wb-outformat")
+        self._controls = {"smoothing": self.w_smooth, "v_bias_correction": self.w_corr,
+                          "qk_granularity": self.w_gran, "sparsity": self.w_sparse,
+                          "sol_tau": self.w_tau, "vsa_keep": self.w_keep,
+                          "p_scaling": self.w_pscale, "out_format": self.w_out}
+        self._load_controls(given_b)
         self.w_policy = W.Checkbox(value=False, description="apply dense policy (step/layer)",
                                    indent=False, layout=st)
         self.w_auto = W.Checkbox(value=auto, description="auto", indent=False, layout=st)
@@ -146,6 +170,7 @@ class SmoothingExplorer:
             W.HBox([self.w_a, self.w_b, self.w_queries]),
             W.HBox([self.w_smooth, self.w_corr, self.w_gran]),
             W.HBox([self.w_sparse, self.w_tau, self.w_keep]),
+            W.HBox([self.w_pscale, self.w_out]),
             W.HBox([self.w_policy, self.w_auto, self.w_run, self.w_progress, self.w_status]),
         ])
         self.widget = W.VBox([
@@ -159,34 +184,54 @@ class SmoothingExplorer:
 
         self.w_store.observe(self._on_store, names="value")
         self.w_b.observe(self._on_base_b, names="value")
-        for w in (self.w_step, self.w_layer, self.w_head, self.w_queries, self.w_a, self.w_smooth,
-                  self.w_corr, self.w_gran, self.w_sparse, self.w_tau, self.w_keep,
-                  self.w_policy):
+        for w in (self.w_step, self.w_layer, self.w_head, self.w_queries, self.w_a, self.w_policy,
+                  *self._controls.values()):
             w.observe(self._on_change, names="value")
         self.w_run.on_click(lambda _: self.recompute())
         self._sync_enabled()
         self.recompute()
 
     # -- recipe B from the controls -------------------------------------------------------------
+    def base_b(self):
+        """The recipe B starts from: the one chosen in the B dropdown, with all its fields."""
+        return self._choices[self.w_b.value]
+
+    def _load_controls(self, base) -> None:
+        """Show `base`'s values in the controls and remember them: only what the user changes
+        afterwards overrides `base` (a slider may not hold `base`'s exact value)."""
+        for f, w in self._controls.items():
+            w.value = getattr(base, f)
+        self._loaded = {f: w.value for f, w in self._controls.items()}
+
     def recipe_b(self):
-        base = PRESETS[self.w_b.value]
-        smooth = self.w_smooth.value
+        """The base recipe B with the fields whose control the user changed."""
+        base = self.base_b()
+        over = {f: w.value for f, w in self._controls.items() if w.value != self._loaded[f]}
+        if "sol_tau" in over or "vsa_keep" in over:
+            over = {k: float(v) if k in ("sol_tau", "vsa_keep") else v for k, v in over.items()}
+        smooth = over.get("smoothing", base.smoothing)
+        # The correction exists only on smoothed, quantized V: untick it where it cannot apply.
         corr = bool(self.w_corr.value) and smooth == "kv" and base.quantizes_v
-        over = dict(smoothing=smooth, v_bias_correction=corr, sparsity=self.w_sparse.value,
-                    sol_tau=float(self.w_tau.value), vsa_keep=float(self.w_keep.value))
-        if base.quantizes_qk:
-            over["qk_granularity"] = self.w_gran.value
-        return base.with_(**over)
+        if corr != base.v_bias_correction:
+            over["v_bias_correction"] = corr
+        else:
+            over.pop("v_bias_correction", None)
+        if not base.quantizes_qk:
+            over.pop("qk_granularity", None)
+        if base.p_format != "fp8_e4m3":
+            over.pop("p_scaling", None)
+        return base.with_(**over) if over else base
 
     def recipe_a(self):
-        return PRESETS[self.w_a.value]
+        return self._choices[self.w_a.value]
 
     def _sync_enabled(self) -> None:
-        base = PRESETS[self.w_b.value]
+        base = self.base_b()
         self.w_corr.disabled = self.w_smooth.value != "kv" or not base.quantizes_v
         self.w_gran.disabled = not base.quantizes_qk
         self.w_tau.disabled = self.w_sparse.value != "sol"
         self.w_keep.disabled = self.w_sparse.value != "vsa"
+        self.w_pscale.disabled = base.p_format != "fp8_e4m3"
 
     # -- events ---------------------------------------------------------------------------------
     def _on_change(self, _change=None) -> None:
@@ -195,15 +240,9 @@ class SmoothingExplorer:
             self.recompute()
 
     def _on_base_b(self, change) -> None:
-        base = PRESETS[change["new"]]
-        # Load the preset's settings into the controls without one recompute per control.
+        # Load the recipe's settings into the controls without one recompute per control.
         auto, self.w_auto.value = self.w_auto.value, False
-        self.w_smooth.value = base.smoothing
-        self.w_corr.value = base.v_bias_correction
-        self.w_gran.value = base.qk_granularity
-        self.w_sparse.value = base.sparsity
-        self.w_tau.value = base.sol_tau
-        self.w_keep.value = base.vsa_keep
+        self._load_controls(self._choices[change["new"]])
         self.w_auto.value = auto
         self._on_change()
 
@@ -276,7 +315,7 @@ class SmoothingExplorer:
 
     def names(self) -> dict[str, str]:
         a, b = self.recipe_a(), self.recipe_b()
-        return {"A": f"A {a.to_string()}", "B": f"B {b.to_string()}"}
+        return {"A": f"A {a.label()}", "B": f"B {b.label()}"}
 
     def _draw(self) -> None:
         with F.template_override("none"):
@@ -286,7 +325,8 @@ class SmoothingExplorer:
         c = self.comparison
         nm = self.names()
         step, layer = self.w_step.value, self.w_layer.value
-        self.w_readout.value = readout_html(c.readout(), nm, step=step, layer=layer)
+        self.w_readout.value = readout_html(c.readout(), nm, step=step, layer=layer,
+                                            comparison=c)
         grids = {"b": self.grid["mse"]} if self.grid is not None else None
         figs = F.comparison_figures(c, "A", "B", labels=nm, grids=grids,
                                     layers=self.source.layers, step=step, layer=layer)
@@ -301,17 +341,44 @@ class SmoothingExplorer:
         _update_in_place(self.fig_route, route)
 
 
-def readout_html(values: dict, names: dict, *, step=None, layer=None) -> str:
-    """The numeric readout: one row per metric, columns A | B | benefit of B over A."""
+def readout_html(values: dict, names: dict, *, step=None, layer=None, comparison=None) -> str:
+    """The numeric readout: one row per metric, columns A | B | benefit of B over A.
+
+    With the ``Comparison`` it also gives the 95% paired bootstrap interval of the output-MSE
+    benefit over the sampled rows (``data-key="benefit_ci"``), the output MSE per segment of the
+    layout (when it has more than one) and the token-mean drift of K and V per channel group
+    (rotated / pass-through, from the rotated count; an empty group has no row).
+    """
     rows = []
-    for key, label, fmt in READOUT_ROWS:
-        a, b = values["A"][key], values["B"][key]
-        ben = f"{benefit_pct(a, b):.2f}%" if key in LOWER_IS_BETTER else ""
+
+    def row(label, key, a, b, kind, ben=""):
         rows.append(
-            f"<tr><td>{label}</td>"
-            f'<td class="wb-val" data-key="A.{key}">{fmt.format(a)}</td>'
-            f'<td class="wb-val" data-key="B.{key}">{fmt.format(b)}</td>'
+            f"<tr><td>{html.escape(label)}</td>"
+            f'<td class="wb-val" data-key="A.{key}">{fmt(a, kind)}</td>'
+            f'<td class="wb-val" data-key="B.{key}">{fmt(b, kind)}</td>'
             f"<td>{ben}</td></tr>")
+
+    for key, label, kind in READOUT_ROWS:
+        a, b = values["A"][key], values["B"][key]
+        ben = fmt_benefit(benefit_pct(a, b)) if key in LOWER_IS_BETTER else ""
+        if key == "output_mse" and comparison is not None:
+            lo, hi = comparison.benefit_ci("A", "B")
+            ben += (f' <span class="wb-ci" data-key="benefit_ci">(95% CI {fmt_benefit(lo)} to '
+                    f"{fmt_benefit(hi)})</span>")
+        row(label, key, a, b, kind, ben)
+    if comparison is not None:
+        ea, eb = comparison.evals["A"], comparison.evals["B"]
+        if len(ea.segments) > 1:
+            for name, sa in ea.segments.items():
+                a, b = sa["mse"], eb.segments[name]["mse"]
+                row(f"output MSE, {name} ({sa['rows']} rows)", f"segment_{name}_mse", a, b, "mse",
+                    fmt_benefit(benefit_pct(a, b)))
+        for t in ("k", "v"):
+            for g, label, _, _ in comparison.channel_groups():
+                key = f"drift_{t}_{g}"
+                a, b = values["A"][key], values["B"][key]
+                row(f"{t.upper()} token-mean drift, {label}", key, a, b, "drift",
+                    fmt_benefit(benefit_pct(a, b)))
     head = (f"<tr><th>step {step}, layer {layer}</th><th>{html.escape(names['A'])}</th>"
             f"<th>{html.escape(names['B'])}</th><th>benefit</th></tr>")
     return ('<table class="wb-table" style="border-collapse:collapse;font-family:monospace;'
