@@ -142,11 +142,11 @@ class SparseConfig:
     ``workbench.bench.sparse``.
     """
 
-    schedule: str = "heavy_first"
+    schedule: str = "rows"
     kv_splits: int | None = None
     split_below_waves: float = 2.0
     programs_per_sm: int = 3  # AttentionConfig.maxnreg = 168: three 64-row programs per SM
-    summary_chunk: int = 64
+    summary_chunk: int = 32
     summary_precision: str = "bf16"
     summary_pass: str = "separate"
     tma: bool = True
