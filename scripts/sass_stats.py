@@ -8,8 +8,8 @@ num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``). ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
-``summary_precision``, ``summary_chunk``, ``summary_pass``, ``schedule`` and ``sparse_maxnreg``
-(the exact-tile launch's register cap),
+``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
+launch's register cap),
 and ``"summary": false`` for VSA (no summary route); its pointer arguments carry the 16-byte
 divisibility of the real launch. Used to check a kernel change (spills, MUFU / FP32 op counts,
 the main loop's instruction count) before spending GPU time on it.
@@ -39,7 +39,7 @@ OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F
 
 
 SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk", "schedule",
-               "sparse_maxnreg", "summary_pass")
+               "sparse_maxnreg")
 
 
 def compile_sm90(overrides: dict):
@@ -69,9 +69,8 @@ def compile_sm90(overrides: dict):
     types += ["*i32" if sparse else "constexpr"] * 2 + ["*i32" if work_list else "constexpr"]
     types += ["*fp32" if sparse and summary else "constexpr"] * 3 + ["constexpr"] * 2
     types += ["i32"] * 3  # N_QB, N_KB, N_BH
-    # Sol with the separate summary pass: this is the exact-tile launch, which starts from the
-    # summary pass's state (SUM_O, SUM_ML); the fused form runs the summary route itself
-    init_summary = sparse and summary and scfg.summary_pass == "separate"
+    # Sol: this is the exact-tile launch, which merges the summary pass's state (SUM_O, SUM_ML)
+    init_summary = sparse and summary
     types += ["*fp32" if init_summary else "constexpr"] * 2  # SUM_O, SUM_ML
     names = KERNEL.arg_names
     sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))

@@ -625,8 +625,8 @@ class _SparseLaunch:
     splits: int
     part_o: torch.Tensor | None
     part_ml: torch.Tensor | None
-    # the separate summary pass (SparseConfig.summary_pass = "separate"): its flags and the
-    # state it hands to the exact-tile pass, acc [B*H, S_pad, D] and (m * qs, l) [2, B*H, S_pad]
+    # the summary pass (Sol): its flags and the state it hands to the exact-tile pass,
+    # acc [B*H, S_pad, D] and (m * qs, l) [2, B*H, S_pad]
     summary_constexprs: dict | None = None
     sum_o: torch.Tensor | None = None
     sum_ml: torch.Tensor | None = None
@@ -653,15 +653,12 @@ class _SparseLaunch:
             kc = routing.kc.contiguous()
             vcs = (routing.vc / qkv.v_scale[:, :, None, :]).contiguous()  # s_v: the epilogue's
             lens = routing.lens.to(torch.float32).contiguous()
-            summary = dict(SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
+            # its own pass (config.SparseConfig says why); the exact-tile pass merges its state
+            sum_cst = dict(SPARSE=True, SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
                            SUM_PREC=sparse.summary_precision)
-            if sparse.summary_pass == "separate":
-                sum_cst = dict(SPARSE=True, **summary)
-                sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=dev)
-                sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=dev)
-                cst["INIT_SUMMARY"] = True
-            else:
-                cst.update(summary)
+            sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=dev)
+            sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=dev)
+            cst["INIT_SUMMARY"] = True
         if sparse.schedule == "heavy_first":
             # list rows bh * nq + i, the longest exact list first (stable: ties in grid order)
             order = torch.argsort(routing.counts.reshape(-1), descending=True, stable=True)
