@@ -10,6 +10,7 @@ any ``preset:field=value`` form, e.g. ``fp8_dense_kv_corrected:p_scaling=exp2_of
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -68,6 +69,10 @@ def check_args(args) -> None:
 
 
 def git_commit() -> str | None:
+    """The measured commit: $WORKBENCH_COMMIT when set (a copy of the tree whose git metadata
+    is not the measured commit's), else git's HEAD."""
+    if os.environ.get("WORKBENCH_COMMIT"):
+        return os.environ["WORKBENCH_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[2]
         p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
