@@ -3,14 +3,15 @@
 One table, ``DENSE_CALL_COST``: the time of a full dense attention call (statistics, quantization,
 attention, epilogue) at H3's live shape (1, 32626, 56, 128) divided by SDPA cuDNN BF16's, from the
 project's H200 measurements of 2026-11-30, commit ce8ba81 (BENCHMARKS.md, "Kernels: FP8 attention
-on H200", third session, call 4): SDPA cuDNN 52.974 ms, fp8_dense 37.486 ms, fp8_dense_k 37.920 ms,
+on the H200", side by side): SDPA cuDNN 52.974 ms, fp8_dense 37.486 ms, fp8_dense_k 37.920 ms,
 fp8_dense_kv_corrected 38.156 ms. Rows marked "assumed" have no measured kernel in this project.
 
-Sparse recipes: no Sol or VSA kernel has been timed here, so their cost is an estimate that
-scales with the density the evaluation measured at the entry (``exact_fraction``: the share of
-(query block, key block) pairs computed exactly) plus, for Sol, one block-mean dot per skipped
-pair (1 / sol_block of a block's exact work). Rows recomputed in BF16 (``dense_prefix``) cost
-what dense BF16 costs.
+Sparse recipes: a straight line in the exact density the evaluation measured at the entry
+(``exact_fraction``), fitted to the full calls of the block-sparse kernels (routing, summary
+route, BF16 prefix rows included) at densities 0.1 / 0.2 / 0.35 / 0.5 / 1 on the H200,
+2026-12-01, commit 6625ea3 (BENCHMARKS.md, "Block-sparse attention"), relative to SDPA cuDNN in
+the same run (53.862 ms): Sol 11.884 / 17.064 / 25.028 / 32.984 / 58.429 ms, VSA 9.829 / 15.002 /
+23.308 / 31.635 / 59.465 ms. The fits assume the smoothed FP8 recipe they were measured with.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ DENSE_CALL_COST: dict[tuple[str, str, str], DenseCost] = {
 }
 
 
+# (intercept, slope) of the measured full-call time against exact density, x SDPA cuDNN
+SPARSE_CALL_FIT: dict[str, tuple[float, float]] = {"sol": (0.1268, 0.9605),
+                                                    "vsa": (0.0756, 1.0270)}
+
+
 def dense_call_cost(recipe: AttentionRecipe) -> DenseCost:
     """The dense-call cost row for this recipe's operand formats and smoothing.
 
@@ -71,13 +77,11 @@ def relative_cost(recipe: AttentionRecipe, *, density: float = 1.0,
     dense recipes). prefix_fraction: share of query rows before the video rows, which run in
     BF16 when the recipe has ``dense_prefix``.
     """
-    dense = dense_call_cost(recipe).relative
-    if recipe.sparsity == "sol":
-        body = dense * (density + (1.0 - density) / recipe.sol_block)
-    elif recipe.sparsity == "vsa":
-        body = dense * density
-    else:
-        body = dense
+    if recipe.sparsity in SPARSE_CALL_FIT:
+        # measured full calls: the prefix rows and the routing are in the fit already
+        a, b = SPARSE_CALL_FIT[recipe.sparsity]
+        return a + b * density
+    body = dense_call_cost(recipe).relative
     if recipe.dense_prefix:
         return prefix_fraction * 1.0 + (1.0 - prefix_fraction) * body
     return body
