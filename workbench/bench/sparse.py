@@ -125,7 +125,7 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("heavy-first work list", base.with_sparse(schedule="heavy_first")),
         ("kv_splits 2", base.with_sparse(kv_splits=2)),
         ("gathered loads", base.with_sparse(tma=False)),
-        ("summary chunk 32", base.with_sparse(summary_chunk=32)),
+        ("summary chunk 64", base.with_sparse(summary_chunk=64)),
         ("summary chunk 128", base.with_sparse(summary_chunk=128)),
     ]
 

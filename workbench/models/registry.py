@@ -286,6 +286,13 @@ def _load_diffusers_dir(path: Path, device, dtype) -> H3Model:
             MiniMaxH3Transformer3DModel.load_config(str(path), local_files_only=True)
         )
         model.load_state_dict(_read_folder_weights(path), strict=True)
+    with torch.no_grad():
+        # With accelerate installed, from_pretrained leaves the weights as views into the memory
+        # mapped file (not 64-byte aligned): CPU matmuls then take other SIMD paths and the
+        # results move in the last bits. Own, aligned copies give the same bits as a model built
+        # in memory (and detach the model from the file).
+        for t in list(model.parameters()) + list(model.buffers()):
+            t.data = t.data.clone()
     model = _cast(model, dtype).to(device).eval()
     config, prompts = None, None
     side = path / "workbench.json"  # optional clip geometry + prompt classes saved next to it
