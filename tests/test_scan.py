@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from workbench.capture import open_capture
-from workbench.evaluate.scan import bootstrap_many, run_scan, split_recipe_list, start_cluster
+from workbench.evaluate.scan import bootstrap_many, run_scan, start_cluster
+from workbench.recipes import split_recipe_list
 from workbench.evaluate.scan_store import METRIC_NAMES, open_scan
 from workbench.metrics import bootstrap_benefit
 from workbench.report.accuracy_table import accuracy_table

@@ -47,35 +47,10 @@ _METRIC_INDEX = {m: i for i, m in enumerate(METRIC_NAMES)}
 
 
 # -- recipes -------------------------------------------------------------------------------------
-def split_recipe_list(text: str) -> list[str]:
-    """'a,b:x=1,y=2,{"json": 1, ...},plan.json' -> specs. A comma starts a new recipe unless it
-    is inside JSON braces or what follows is another field=value override of the previous one."""
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        depth += ch == "{"
-        depth -= ch == "}"
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    out: list[str] = []
-    for p in (x.strip() for x in parts):
-        if not p:
-            continue
-        is_override = "=" in p and ":" not in p and not p.startswith("{")
-        if is_override and out and ":" in out[-1] and not out[-1].startswith("{"):
-            out[-1] += "," + p
-        else:
-            out.append(p)
-    return out
-
-
 def resolve_recipes(specs) -> tuple[list[str], list[str]]:
     """(labels, full JSON specs). Labels are the specs as given (stripped); a spec given twice, or
     two specs that are the same recipe, is refused naming both."""
-    from workbench.recipes import get_recipe
+    from workbench.recipes import get_recipe, split_recipe_list
 
     if isinstance(specs, str):
         specs = split_recipe_list(specs)
@@ -535,4 +510,4 @@ def pair_benefit(ds, a: str, b: str, *, per_head: bool = False):
 
 
 __all__ = ["ScanError", "ScanParams", "ScanRun", "bootstrap_many", "default_scan_path",
-           "open_scan", "pair_benefit", "run_scan", "split_recipe_list", "start_cluster"]
+           "open_scan", "pair_benefit", "run_scan", "start_cluster"]

@@ -100,7 +100,9 @@ def cmd_compare(args) -> int:
         if args.dirs:
             raise ValueError("give either two clip folders or --recipes, not both")
         _check_common(args)
-        recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+        from workbench.recipes import split_recipe_list
+
+        recipes = split_recipe_list(args.recipes)
         if not recipes:
             raise ValueError("--recipes: empty; give recipes like bf16,fp8_sol_kv_corrected")
         out = check_out_dir(args.out or "runs/compare")

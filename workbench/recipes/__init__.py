@@ -8,7 +8,8 @@ from .recipe import (
     AttentionRecipe,
     RecipeError,
     get_recipe,
+    split_recipe_list,
 )
 
 __all__ = ["AttentionRecipe", "PRESETS", "DEFAULT_RECIPE", "PlanEntry", "RecipeError",
-           "RecipePlan", "get_recipe"]
+           "RecipePlan", "get_recipe", "split_recipe_list"]

@@ -400,3 +400,28 @@ def get_recipe(spec: str | AttentionRecipe | dict | None = None) -> AttentionRec
             raise RecipeError(f"recipe {text!r}: unknown field {key!r}")
         overrides[key] = _coerce(known[key], value.strip())
     return replace(base, **overrides)
+
+
+def split_recipe_list(text: str) -> list[str]:
+    """'a,b:x=1,y=2,{"json": 1, ...},plan.json' -> specs. A comma starts a new recipe unless it
+    is inside JSON braces or what follows is another field=value override of the previous one."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "{"
+        depth -= ch == "}"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    out: list[str] = []
+    for p in (x.strip() for x in parts):
+        if not p:
+            continue
+        is_override = "=" in p and ":" not in p and not p.startswith("{")
+        if is_override and out and ":" in out[-1] and not out[-1].startswith("{"):
+            out[-1] += "," + p
+        else:
+            out.append(p)
+    return out
