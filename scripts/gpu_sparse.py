@@ -122,6 +122,8 @@ def summary(out: str, statuses: list[str]) -> str:
                          + (f" {pct:5.2f}% of dense FP8" if pct is not None else ""))
         if sp.get("peer"):
             lines.append(f"NVIDIA sol_attn: {sp['peer']}")
+        for r in sp.get("stages", []):
+            lines.append(f"  stage {r['recipe'][:28]:28s} {r['what']:32s} {r['ms']:8.3f} ms")
     dit = _load(os.path.join(out, "dit.json"))
     if dit:
         if dit.get("skipped"):

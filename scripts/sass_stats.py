@@ -8,8 +8,9 @@ num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``). ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
-``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
-launch's register cap),
+``summary_precision``, ``summary_chunk``, ``schedule``, ``exact_tiles``, ``summary_walk`` and
+``sparse_maxnreg`` (the exact-tile launch's register cap); ``"summary_only": true`` compiles Sol's
+summary pass instead of the exact-tile launch,
 and ``"summary": false`` for VSA (no summary route); its pointer arguments carry the 16-byte
 divisibility of the real launch. Used to check a kernel change (spills, MUFU / FP32 op counts,
 the main loop's instruction count) before spending GPU time on it.
@@ -39,7 +40,7 @@ OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F
 
 
 SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk", "schedule",
-               "sparse_maxnreg")
+               "sparse_maxnreg", "exact_tiles", "summary_walk", "summary_only")
 
 
 def compile_sm90(overrides: dict):
@@ -50,6 +51,7 @@ def compile_sm90(overrides: dict):
                                                     if k not in extra and k not in sp})
     sparse = bool(sp.pop("sparse", False))
     summary = bool(sp.pop("summary", True))
+    summary_only = bool(sp.pop("summary_only", False))
     if "sparse_maxnreg" in sp:
         sp["maxnreg"] = sp.pop("sparse_maxnreg")
     scfg = dataclasses.replace(DEFAULT.sparse, **sp)
@@ -64,14 +66,19 @@ def compile_sm90(overrides: dict):
     else:
         types += ["constexpr"] * 3
     types += ["i32"] * 5 + ["fp32"] + ["i32"] * 3
-    # BLOCKS, COUNTS, ORDER, KC, VCS, LENS, PART_O, PART_ML (None unless sparse; one KV part)
-    work_list = sparse and scfg.schedule == "heavy_first"
+    # BLOCKS, COUNTS, ORDER, EXACT, KC, VCS, LENS, PART_O, PART_ML (None unless sparse; one KV
+    # part); the summary operands only in the summary pass (summary_only)
+    work_list = sparse and scfg.schedule == "heavy_first" and not summary_only
+    sum_all = summary_only and scfg.summary_walk == "all"
+    sum_t = "*bf16" if scfg.summary_precision == "bf16" else "*fp32"
     types += ["*i32" if sparse else "constexpr"] * 2 + ["*i32" if work_list else "constexpr"]
-    types += ["*fp32" if sparse and summary else "constexpr"] * 3 + ["constexpr"] * 2
+    types += ["*i1" if sum_all else "constexpr"]
+    types += ([sum_t, sum_t, "*fp32"] if summary_only else ["constexpr"] * 3)
+    types += ["constexpr"] * 2
     types += ["i32"] * 3  # N_QB, N_KB, N_BH
     # Sol: this is the exact-tile launch, which merges the summary pass's state (SUM_O, SUM_ML)
-    init_summary = sparse and summary
-    types += ["*fp32" if init_summary else "constexpr"] * 2  # SUM_O, SUM_ML
+    init_summary = sparse and summary and not summary_only
+    types += ["*fp32" if sparse and summary else "constexpr"] * 2  # SUM_O, SUM_ML
     names = KERNEL.arg_names
     sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
     pv_fma = cfg.flush == "fma"
@@ -81,9 +88,12 @@ def compile_sm90(overrides: dict):
                USE_TMA=tma, PV_FMA=pv_fma,
                PERM_P=bool(extra.get("perm_p", DEFAULT.quant.v_perm)),
                P_LOG2_SCALE=P_LOG2_SCALES[extra.get("p_scaling", "unit")], INTERPRET=False,
-               SPARSE=sparse, SUMMARY=sparse and summary and not init_summary,
+               SPARSE=sparse, SUMMARY=summary_only,
                WORK_LIST=work_list, KV_SPLITS=1, SUM_CHUNK=scfg.summary_chunk,
-               SUM_PREC=scfg.summary_precision, SUMMARY_ONLY=False, INIT_SUMMARY=init_summary)
+               SUM_PREC=scfg.summary_precision, SUMMARY_ONLY=summary_only,
+               INIT_SUMMARY=init_summary, SUM_ALL=sum_all,
+               HALVES=sparse and not summary_only and scfg.exact_tiles == "halves" and tma
+               and bn == 128 and pv_fma)
     cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
     attrs = {}
     if sparse:  # the real launch's 16-byte alignment of every pointer (loads vectorize)
@@ -92,7 +102,7 @@ def compile_sm90(overrides: dict):
     src = ASTSource(fn=KERNEL, signature=sig,
                     constexprs={(names.index(k),): v for k, v in cst.items()}, attrs=attrs)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    cap = scfg.maxnreg if sparse else cfg.maxnreg
+    cap = (None if summary_only else scfg.maxnreg) if sparse else cfg.maxnreg
     if cap:
         opts["maxnreg"] = cap
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts), \
@@ -156,7 +166,8 @@ def main_loop_counts(sass: str) -> dict:
             continue
         t = int(m.group(1), 16)
         body = [o for x, o in zip(addr, ops) if t <= x <= a]
-        one_tile = sum(o.startswith("QGMMA") for o in body) == 8
+        # 8 QGMMAs per 128-key tile (4 for Q K^T, 4 for P @ V), 12 for two 64-key halves
+        one_tile = sum(o.startswith("QGMMA") for o in body) in (8, 12)
         if one_tile and (best is None or len(body) < len(best)):
             best = body
     counts = {}

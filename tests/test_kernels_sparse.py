@@ -74,10 +74,21 @@ def test_every_block_exact_is_the_dense_kernel_bitwise(S, block_n, tma, schedule
     att = replace(DEFAULT.attention, block_n=block_n, use_tma=False)
     dense, dense_lse = fp8_attention_fwd(qkv, num_heads=2, scale=1 / 8, return_lse=True,
                                          config=att)
-    sparse = SparseConfig(schedule=schedule, kv_splits=1, tma=tma)
+    sparse = SparseConfig(schedule=schedule, kv_splits=1, tma=tma, exact_tiles="joined")
     out, lse = fp8_attention_fwd(qkv, num_heads=2, scale=1 / 8, return_lse=True, config=att,
                                  routing=route, sparse=sparse)
     assert torch.equal(out, dense) and torch.equal(lse, dense_lse)
+    if tma and block_n == 128:
+        # the default 128-key tiles from two unjoined boxes: the same products, the row sum
+        # added per 64-key half (last-bit differences of l only)
+        halves, halves_lse = fp8_attention_fwd(
+            qkv, num_heads=2, scale=1 / 8, return_lse=True, config=att, routing=route,
+            sparse=replace(sparse, exact_tiles="halves"))
+        assert not torch.equal(halves_lse, lse) or torch.equal(halves, out)
+        assert float((halves_lse - lse).abs().max()) < 1e-5
+        diff = (halves.float() - out.float()).abs()
+        assert float(diff.max()) <= 2 ** -7 * float(out.float().abs().max())
+        assert float((diff > 0).float().mean()) < 0.05  # a few BF16 last-bit flips
 
 
 CASES = [  # (S, H, Hkv, D, recipe)
@@ -120,14 +131,16 @@ def test_kv_parts_summary_precisions_and_schedules_agree():
     qkv, route = operands(q, k, v, rec, layout)
     kw = dict(num_heads=2, scale=1 / 8, return_lse=True, routing=route)
     base, base_lse = fp8_attention_fwd(qkv, sparse=SparseConfig(
-        schedule="rows", kv_splits=1, summary_precision="ieee"), **kw)
+        schedule="rows", kv_splits=1, summary_precision="ieee", exact_tiles="joined"), **kw)
     same, _ = fp8_attention_fwd(qkv, sparse=SparseConfig(
         schedule="heavy_first", kv_splits=1, summary_precision="ieee", tma=False), **kw)
     assert torch.equal(same, base)
     e_base = rel_l2(base, ref)
     for sparse in (SparseConfig(kv_splits=2, summary_precision="ieee"),
                    SparseConfig(kv_splits=4, summary_chunk=16, summary_precision="ieee"),
-                   SparseConfig(kv_splits=1, summary_precision="bf16")):
+                   SparseConfig(kv_splits=1, summary_precision="bf16"),
+                   SparseConfig(kv_splits=1, summary_precision="ieee", summary_walk="list"),
+                   SparseConfig(kv_splits=2, summary_precision="bf16", exact_tiles="joined")):
         out, lse = fp8_attention_fwd(qkv, sparse=sparse, **kw)
         assert rel_l2(out, ref) <= 1.25 * e_emu, sparse
         assert rel_l2(out, base.double()) < 0.2 * e_base, sparse
@@ -139,7 +152,7 @@ def test_sparse_config_rules_and_refusals():
     assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
     assert SparseConfig(kv_splits=2).splits_for(28560, 132) == 2
     for bad in (dict(schedule="random"), dict(kv_splits=3), dict(summary_precision="fp8"),
-                dict(summary_chunk=48)):
+                dict(summary_chunk=48), dict(exact_tiles="split"), dict(summary_walk="some")):
         with pytest.raises(ValueError, match="SparseConfig"):
             SparseConfig(**bad)
     cfg = DEFAULT.from_overrides({"sparse": {"kv_splits": 4}})

@@ -22,6 +22,7 @@ on ``rows`` evenly spaced query rows (prefix rows included); "emu" is the recipe
   it on PYTHONPATH) at the same tau, threshold and sink (``sink_start=0, sink_tokens=prefix``);
   its density column is our routing's at that tau;
 - routing: the block-sum pass alone (read rate of Q, K and V) and the whole Sol / VSA routing;
+- stages: each pass of one call timed alone at the anchor tau (``stage_times``);
 - the sparse kernel's options (``sweep_configs``: schedule, KV splits, loads, summary precision,
   register cap, 64-key tiles) at the anchor tau, full calls.
 """
@@ -60,6 +61,7 @@ class SparseBenchConfig:
     seed: int = 0
     anchor_taus: tuple[float, ...] = (1.0,)  # Sol rows at these taus too (the recipe's default)
     sweep: bool = True  # time the sparse kernel's options (config.SparseConfig) at the anchor
+    stages: bool = True  # time each pass of one call at the anchor (``stage_times``)
     sol_recipe: str = SOL_RECIPE  # the base of the Sol and VSA rows (tau / keep set per density)
     dense_recipe: str = DENSE_RECIPE
     device: str = "cuda"  # "cpu": a smoke run of the plumbing (routing in Triton's interpreter)
@@ -125,9 +127,58 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("heavy-first work list", base.with_sparse(schedule="heavy_first")),
         ("kv_splits 2", base.with_sparse(kv_splits=2)),
         ("gathered loads", base.with_sparse(tma=False)),
+        ("joined exact tiles", base.with_sparse(exact_tiles="joined")),
+        ("summary walks the list", base.with_sparse(summary_walk="list")),
+        ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
-        ("summary chunk 128", base.with_sparse(summary_chunk=128)),
     ]
+
+
+def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -> list[dict]:
+    """[{what, ms}] of the passes of one sparse full call (``dispatch.fp8_recipe_attention``),
+    each timed alone on the same operands: block sums, routing given them, quantizer, the
+    attention launches (with Sol's summary pass; the exact tiles alone), the BF16 prefix rows."""
+    from workbench.kernels import dispatch, routing
+    from workbench.kernels.attention_fp8 import fp8_attention_fwd
+    from workbench.kernels.quantize import quantize_qkv
+
+    B, S, H, D = q.shape
+    scale = D ** -0.5
+    sums = routing.block_sums(q, k, v, block=64, minmax=True)
+    mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
+    kw = dict(layout=layout, scale=scale, sums=sums)
+    if recipe.sparsity == "sol":
+        kw.update(mu_k=mu_k, mu_v=mu_v)
+
+    def quant():
+        return quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
+                            smooth_v=recipe.smooth_v,
+                            v_bias_correction=recipe.v_bias_correction,
+                            config=kernel_config.quant)
+
+    r = routing.route(q, k, v, recipe, **kw)
+    qkv = quant()
+    prefix = layout.prefix_len if recipe.dense_prefix else 0
+    out = torch.empty_like(q)
+
+    def attend(rt):
+        return fp8_attention_fwd(qkv, num_heads=H, scale=scale, out=out, row_start=prefix,
+                                 p_scaling=recipe.p_scaling, config=kernel_config.attention,
+                                 routing=rt, sparse=kernel_config.sparse)
+
+    stages = [
+        ("block sums + V extremes", lambda: routing.block_sums(q, k, v, block=64, minmax=True)),
+        ("routing (given the block sums)", lambda: routing.route(q, k, v, recipe, **kw)),
+        ("quantizer", quant),
+        ("attention launches", lambda: attend(r)),
+    ]
+    if r.kc is not None:
+        exact_only = replace(r, kc=None, vc=None)
+        stages.append(("attention, exact tiles only", lambda: attend(exact_only)))
+    if prefix:
+        stages.append(("BF16 prefix rows", lambda: dispatch.dense_prefix_rows(q, k, v, prefix,
+                                                                              scale)))
+    return [dict(what=what, ms=time_ms(fn, dev, rep_ms)) for what, fn in stages]
 
 
 def _rel_l2(out_rows: torch.Tensor, ref: torch.Tensor) -> float:
@@ -294,6 +345,19 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             record(f"ours FP8 Sol {cfg.threshold} [{label}]", lambda kcfg=kcfg, sol=sol:
                    fp8_recipe_attention(q, k, v, sol, layout=layout, config=kcfg),
                    route="sol", density=dens, tau=sol.sol_tau, note="option sweep")
+
+    # where the time of one call goes, at the anchor tau (and VSA at the first density)
+    if cfg.stages and dev == "cuda" and not over_budget():  # (kernels: CUDA only)
+        from workbench.kernels.config import DEFAULT
+
+        report["stages"] = []
+        picks = [(plan[-1][0], plan[-1][1])] + [(p[2], p[3]) for p in plan[:1] if p[2]]
+        for rec, dens in picks:
+            for st in stage_times(q, k, v, rec, layout, DEFAULT, dev, cfg.rep_ms):
+                st.update(recipe=rec.to_string(), density=dens)
+                report["stages"].append(st)
+                log(f"  stage [{rec.sparsity} {dens:.4f}] {st['what']:34s} {st['ms']:8.3f} ms")
+            torch.cuda.empty_cache()
     report["total_s"] = time.time() - t0
     return report
 
@@ -329,6 +393,11 @@ def markdown(report: dict) -> str:
             f"| {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} | {note} |")
     if report.get("peer"):
         lines += ["", f"NVIDIA sol_attn: {report['peer']}"]
+    if report.get("stages"):
+        lines += ["", "| pass of one call (timed alone) | route | exact density | ms |",
+                  "|---|---|---|---|"]
+        for r in report["stages"]:
+            lines.append(f"| {r['what']} | {r['recipe']} | {r['density']:.4f} | {r['ms']:.3f} |")
     lines += ["", "| routing pass | ms | % of dense FP8 full call | exact density | read TB/s |",
               "|---|---|---|---|---|"]
     for r in report["routing"]:
@@ -351,6 +420,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-emulate", action="store_true", help="skip the torch emulation error")
     p.add_argument("--no-peer", action="store_true", help="skip NVIDIA's sol_attn")
     p.add_argument("--no-sweep", action="store_true", help="skip the sparse kernel's options")
+    p.add_argument("--no-stages", action="store_true", help="skip the per-pass times")
     p.add_argument("--taus", type=float, nargs="*", default=[1.0],
                    help="Sol rows (and NVIDIA's) at these taus too")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -371,7 +441,8 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
                              densities=tuple(args.densities), threshold=args.threshold,
                              rows=args.rows, rep_ms=args.rep_ms, emulate=not args.no_emulate,
                              peer=not args.no_peer, budget_s=args.budget_s, device=args.device,
-                             sweep=not args.no_sweep, anchor_taus=tuple(args.taus))
+                             sweep=not args.no_sweep, stages=not args.no_stages,
+                             anchor_taus=tuple(args.taus))
 
 
 def write_report(report: dict, md: str, json_path: str | None, md_path: str | None) -> None:

@@ -98,13 +98,16 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                MASK_KEYS: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
                IMP_PV: tl.constexpr, PV_FMA: tl.constexpr, PERM_P: tl.constexpr,
-               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
+               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr, HALVES: tl.constexpr):
     """The sparse form of ``_key_tile``: the key tile made of the key blocks at entries e (and
     e + 1 with 128-key tiles) of this query block's list ``lst`` (``cnt`` entries). Each 64-key
     half keeps its own K scale (the two-scale fold of ``_softmax_pv``); V^T's token order is
     permuted within 32-token groups only, so 64-key halves keep it. MASK_KEYS: the last tile of
     the list, whose second half may be absent (odd count) and whose keys may pass S (the
     partial last block)."""
+    if HALVES:  # TMA, 128-key tiles, flush="fma"
+        return _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, HEAD_D,
+                                 SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_QK, PERM_P, P_LOG2_SCALE)
     K8, V8T, kd, vd, SK, kbase, vbase, skbase = tiles
     j0 = tl.load(lst + e)
     j1 = j0
@@ -138,6 +141,51 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
 
 
 @triton.jit
+def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
+                      HEAD_D: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
+                      ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, PERM_P: tl.constexpr,
+                      P_LOG2_SCALE: tl.constexpr):
+    """``_list_tile`` for 128-key tiles from TMA boxes without joining them: the two 64-key
+    blocks at entries e, e + 1 each get their own Q K^T (m64n64) and P @ V (k = 64) straight from
+    their shared-memory boxes, in one online-softmax step (one rescale of acc per 128 keys).
+    Joining the boxes into one [128, D] tile first moved them through registers (587 vs 512
+    SASS per tile). P @ V is one 128-term FP8 chain into a fresh accumulator, flushed by one FMA
+    as the ``flush="fma"`` dense tile; the row sum adds the halves' sums (last-bit differences
+    from the dense tile's 128-wide sum)."""
+    K8, V8T, kd, vd, SK, kbase, vbase, skbase = tiles
+    j0 = tl.load(lst + e)
+    if MASK_KEYS:
+        j1 = tl.load(lst + tl.minimum(e + 1, cnt - 1))  # a repeat of j0 when absent: masked
+    else:
+        j1 = tl.load(lst + e + 1)
+    k0 = kd.load([kbase + j0 * SCALE_BLOCK, 0])
+    k1 = kd.load([kbase + j1 * SCALE_BLOCK, 0])
+    raw0 = _dot_fp8(q, tl.trans(k0), None, IMP_QK)
+    raw1 = _dot_fp8(q, tl.trans(k1), None, IMP_QK)
+    s0 = tl.load(SK + skbase + j0)
+    s1 = tl.load(SK + skbase + j1)
+    if MASK_KEYS:
+        offs = tl.arange(0, SCALE_BLOCK)
+        raw0 = tl.where((j0 * SCALE_BLOCK + offs < S)[None, :], raw0, float("-inf"))
+        ok1 = (j1 * SCALE_BLOCK + offs < S) & (e + 1 < cnt)
+        raw1 = tl.where(ok1[None, :], raw1, float("-inf"))
+    m_cand = tl.maximum(m_i, tl.maximum(tl.max(raw0, axis=1) * s0, tl.max(raw1, axis=1) * s1))
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+    p0 = tl.math.exp2(tl.fma(raw0, (qs * s0)[:, None], -mq[:, None]))
+    p1 = tl.math.exp2(tl.fma(raw1, (qs * s1)[:, None], -mq[:, None]))
+    l_i = l_i * alpha + (tl.sum(p0, axis=1) + tl.sum(p1, axis=1))
+    if ROUND_P:
+        p0 = round_p_to_e4m3(p0)
+        p1 = round_p_to_e4m3(p1)
+    v0 = tl.trans(vd.load([vbase, j0 * SCALE_BLOCK]))
+    v1 = tl.trans(vd.load([vbase, j1 * SCALE_BLOCK]))
+    pv = _dot_fp8(_p_operand(p0, SCALE_BLOCK, PERM_P), v0, None, -1)
+    pv = _dot_fp8(_p_operand(p1, SCALE_BLOCK, PERM_P), v1, pv, -1)
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_cand
+
+
+@triton.jit
 def _summary_operand(x, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
     """An operand of the summary products: FP32 ("tf32" / "ieee": the dot's input precision) or
     BF16 ("bf16"; Q's E4M3 codes are exact in BF16). The interpreter's BF16 dot is wrong, so
@@ -152,24 +200,34 @@ def _summary_operand(x, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, KC, VCS, LENS, kcbase, d,
-                  HEAD_D: tl.constexpr, CHUNK: tl.constexpr, P_LOG2_SCALE: tl.constexpr,
-                  SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
-    """Sol's summary route for the not-exact key blocks at entries cnt + c0 .. cnt + c0 + CHUNK
-    of the list: weight w = 2^(q . kc_j * c - m) on vc_j in the numerator and w * len_j in the
-    denominator, in the same online softmax as the exact tiles. kc_j in the K units of the exact
+def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, exrow, n_kb, KC, VCS, LENS,
+                  kcbase, d, HEAD_D: tl.constexpr, CHUNK: tl.constexpr,
+                  P_LOG2_SCALE: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr,
+                  SUM_ALL: tl.constexpr):
+    """Sol's summary route for CHUNK key blocks: SUM_ALL, the blocks c0 .. c0 + CHUNK with the
+    exact ones masked out (``exrow``: this query block's row of the exact map; contiguous
+    loads); else the not-exact blocks at entries cnt + c0 .. of the list (gathered). Weight
+    w = 2^(q . kc_j * c - m) on vc_j in the numerator and w * len_j in the denominator, in the
+    same online softmax as the exact tiles. kc_j in the K units of the exact
     scores (so t = q8 . kc_j is in the row max's units); VCS = vc_j / s_v (V's channel scale is
     applied to acc in the epilogue). qsum: Q's codes as ``_summary_operand``."""
     c = c0 + tl.arange(0, CHUNK)
-    ok = c < n_sum
-    js = tl.load(lst + cnt + c, mask=ok, other=0)
+    if SUM_ALL:
+        js = c
+        ok = (c < n_kb) & (tl.load(exrow + c, mask=c < n_kb, other=1) == 0)
+    else:
+        ok = c < n_sum
+        js = tl.load(lst + cnt + c, mask=ok, other=0)
     rows = (kcbase + js)[:, None] * HEAD_D + d[None, :]
     kc = _summary_operand(tl.load(KC + rows, mask=ok[:, None], other=0.0), SUM_PREC, INTERPRET)
     prec: tl.constexpr = "ieee" if SUM_PREC == "ieee" else "tf32"  # (unused for bf16 operands)
     t = tl.dot(qsum, tl.trans(kc), input_precision=prec)
     t = tl.where(ok[None, :], t, float("-inf"))
     m_cand = tl.maximum(m_i, tl.max(t, axis=1))
-    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+    # a row that has seen no block yet (every block so far exact: SUM_ALL walks them masked)
+    # keeps m = -inf; a finite stand-in keeps alpha and w at 0 instead of 2^(-inf + inf) = NaN
+    m_use = tl.where(m_cand == float("-inf"), 0.0, m_cand)
+    mq, alpha = _row_bias(m_i, m_use, qs, P_LOG2_SCALE)
     w = tl.math.exp2(tl.fma(t, qs[:, None], -mq[:, None]))
     lens = tl.load(LENS + js, mask=ok, other=0.0)
     l_i = l_i * alpha + tl.sum(w * lens[None, :], axis=1)
@@ -308,13 +366,14 @@ def _epilogue(acc, l_i, mlog, bh, b, h, bhk, offs_m, d, VS, VC, OUT, LSE, S, row
 
 @triton.jit
 def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
-               BLOCKS, COUNTS, KC, VCS, LENS, kcbase, N_KB,
+               BLOCKS, COUNTS, EXACT, KC, VCS, LENS, kcbase, N_KB,
                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
                PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
                P_LOG2_SCALE: tl.constexpr, SUMMARY: tl.constexpr, KV_SPLITS: tl.constexpr,
                SUM_CHUNK: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr,
-               SUMMARY_ONLY: tl.constexpr = False):
+               SUMMARY_ONLY: tl.constexpr = False, HALVES: tl.constexpr = False,
+               SUM_ALL: tl.constexpr = False):
     """The sparse main loop of one query block (list row ``row``), part ``sid`` of KV_SPLITS:
     the exact key blocks of the list two by two (one by one with 64-key tiles) without masks,
     then the last part's masked tile (an odd last entry and / or the partial last key block of
@@ -325,23 +384,30 @@ def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
     if not SUMMARY_ONLY:
         acc, l_i, m_i = _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n,
                                     d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
-                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, KV_SPLITS, INTERPRET)
+                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, KV_SPLITS, INTERPRET,
+                                    HALVES)
     if SUMMARY:
         n_sum = N_KB - cnt
+        n_walk = N_KB if SUM_ALL else n_sum
+        exrow = lst  # (read only with SUM_ALL)
+        if SUM_ALL:
+            exrow = EXACT + row.to(tl.int64) * N_KB
         if sid == KV_SPLITS - 1:
             qsum = _summary_operand(q, SUM_PREC, INTERPRET)
             if INTERPRET:
                 c0 = 0
-                while c0 < n_sum:
+                while c0 < n_walk:
                     acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
-                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
-                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
+                                                  exrow, N_KB, KC, VCS, LENS, kcbase, d, HEAD_D,
+                                                  SUM_CHUNK, P_LOG2_SCALE, SUM_PREC, INTERPRET,
+                                                  SUM_ALL)
                     c0 += SUM_CHUNK
             else:
-                for c0 in tl.range(0, n_sum, SUM_CHUNK):
+                for c0 in tl.range(0, n_walk, SUM_CHUNK):
                     acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
-                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
-                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
+                                                  exrow, N_KB, KC, VCS, LENS, kcbase, d, HEAD_D,
+                                                  SUM_CHUNK, P_LOG2_SCALE, SUM_PREC, INTERPRET,
+                                                  SUM_ALL)
     return acc, l_i, m_i
 
 
@@ -350,7 +416,8 @@ def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
                 HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
                 PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
-                P_LOG2_SCALE: tl.constexpr, KV_SPLITS: tl.constexpr, INTERPRET: tl.constexpr):
+                P_LOG2_SCALE: tl.constexpr, KV_SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
+                HALVES: tl.constexpr):
     """The exact key blocks of one list (``cnt`` entries at ``lst``), part ``sid``."""
     BPT: tl.constexpr = BLOCK_N // SCALE_BLOCK  # key blocks per tile
     last = tl.load(lst + cnt - 1)  # lists ascend: the partial last block comes last
@@ -364,19 +431,21 @@ def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
         while t < t1:
             acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                        offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
+                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
+                                       HALVES)
             t += 1
     else:
         for t in tl.range(t0, t1):
             acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                        offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
+                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
+                                       HALVES)
     if sid == KV_SPLITS - 1:
         if n_tiles * BPT < cnt:
             acc, l_i, m_i = _list_tile(n_tiles * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
                                        S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True,
                                        ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
-                                       P_LOG2_SCALE)
+                                       P_LOG2_SCALE, HALVES)
     return acc, l_i, m_i
 
 
@@ -386,7 +455,8 @@ def _fp8_attn_fwd_kernel(
     qd, kd, vd,
     S, S_pad, H, GROUP, row_start, qk_scale_log2,
     stride_ob, stride_os, stride_oh,
-    BLOCKS, COUNTS, ORDER, KC, VCS, LENS, PART_O, PART_ML, N_QB, N_KB, N_BH, SUM_O, SUM_ML,
+    BLOCKS, COUNTS, ORDER, EXACT, KC, VCS, LENS, PART_O, PART_ML, N_QB, N_KB, N_BH, SUM_O,
+    SUM_ML,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
     IMP_PV: tl.constexpr, WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
@@ -395,6 +465,7 @@ def _fp8_attn_fwd_kernel(
     WORK_LIST: tl.constexpr = False, KV_SPLITS: tl.constexpr = 1,
     SUM_CHUNK: tl.constexpr = 64, SUM_PREC: tl.constexpr = "tf32",
     SUMMARY_ONLY: tl.constexpr = False, INIT_SUMMARY: tl.constexpr = False,
+    HALVES: tl.constexpr = False, SUM_ALL: tl.constexpr = False,
 ):
     """Dense: grid (S / BLOCK_M, B * H), every key tile. SPARSE (BLOCK_M = the 64-row routing
     block): the key blocks of the query block's list (``_list_rows``); grid (n_qblocks, B * H,
@@ -432,10 +503,11 @@ def _fp8_attn_fwd_kernel(
     if SPARSE:
         sid = tl.program_id(2)
         acc, l_i, m_i = _list_rows(acc, l_i, m_i, q, qs, tiles, bh * N_QB + pid_m, sid, S,
-                                   S_pad, offs_n, d, BLOCKS, COUNTS, KC, VCS, LENS, bhk * N_KB,
-                                   N_KB, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
-                                   PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, SUMMARY, KV_SPLITS,
-                                   SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY)
+                                   S_pad, offs_n, d, BLOCKS, COUNTS, EXACT, KC, VCS, LENS,
+                                   bhk * N_KB, N_KB, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P,
+                                   IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, SUMMARY,
+                                   KV_SPLITS, SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY,
+                                   HALVES, SUM_ALL)
         if INIT_SUMMARY:
             if sid == 0:
                 # merge the summary pass's state after the exact tiles (loading it before the
@@ -596,10 +668,10 @@ def fp8_attention_fwd(
         )
 
     if sp is None:
-        launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
+        launch(grid, (None,) * 9 + (0, 0, B * H, None, None), {}, cap)
     else:
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
-            sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
+            sum_args = sp.args[:7] + (None, None) + sp.args[9:] + (B * H, sp.sum_o, sp.sum_ml)
             launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
         launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
     if sp and sp.splits > 1:
@@ -647,15 +719,23 @@ class _SparseLaunch:
                  if dev.type == "cuda" else 132)
         splits = sparse.splits_for(B * H * nq, n_sms)
         cst = dict(SPARSE=True)
-        kc = vcs = lens = order = part_o = part_ml = None
+        if sparse.exact_tiles == "halves" and c.block_n == 128 and sparse.tma \
+                and c.flush == "fma":
+            cst["HALVES"] = True
+        kc = vcs = lens = order = part_o = part_ml = exact = None
         sum_cst = sum_o = sum_ml = None
         if routing.kc is not None:  # Sol's summary route
             kc = routing.kc.contiguous()
             vcs = (routing.vc / qkv.v_scale[:, :, None, :]).contiguous()  # s_v: the epilogue's
+            if sparse.summary_precision == "bf16":  # the kernel's rounding, done once here
+                kc, vcs = kc.to(torch.bfloat16), vcs.to(torch.bfloat16)
             lens = routing.lens.to(torch.float32).contiguous()
+            sum_all = sparse.summary_walk == "all"
+            if sum_all:
+                exact = routing.exact.contiguous()
             # its own pass (config.SparseConfig says why); the exact-tile pass merges its state
             sum_cst = dict(SPARSE=True, SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
-                           SUM_PREC=sparse.summary_precision)
+                           SUM_PREC=sparse.summary_precision, SUM_ALL=sum_all)
             sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=dev)
             sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=dev)
             cst["INIT_SUMMARY"] = True
@@ -671,7 +751,8 @@ class _SparseLaunch:
             cst["KV_SPLITS"] = splits
             part_o = torch.empty((splits, B * H, S_pad, D), dtype=torch.float32, device=dev)
             part_ml = torch.empty((2, splits, B * H, S_pad), dtype=torch.float32, device=dev)
-        args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, kc, vcs, lens,
+        args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, exact, kc, vcs,
+                lens,
                 part_o, part_ml, nq, nk)
         return cls(launch, args, cst, splits, part_o, part_ml, sum_cst, sum_o, sum_ml)
 
