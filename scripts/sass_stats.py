@@ -8,10 +8,10 @@ num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``). ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
-``summary_precision``, ``summary_chunk``, ``schedule``, ``exact_tiles``, ``summary_walk`` and
-``sparse_maxnreg`` (the exact-tile launch's register cap); ``"summary_only": true`` compiles Sol's
-summary pass instead of the exact-tile launch,
-and ``"summary": false`` for VSA (no summary route); its pointer arguments carry the 16-byte
+``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
+launch's register cap); ``"summary_only": true`` compiles Sol's summary pass instead of the
+exact-tile launch, and ``"summary": false`` for VSA (no summary route, no merge of its state);
+its pointer arguments carry the 16-byte
 divisibility of the real launch. Used to check a kernel change (spills, MUFU / FP32 op counts,
 the main loop's instruction count) before spending GPU time on it.
 """
@@ -40,7 +40,7 @@ OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F
 
 
 SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk", "schedule",
-               "sparse_maxnreg", "exact_tiles", "summary_walk", "summary_only")
+               "sparse_maxnreg", "summary_only")
 
 
 def compile_sm90(overrides: dict):
@@ -66,13 +66,11 @@ def compile_sm90(overrides: dict):
     else:
         types += ["constexpr"] * 3
     types += ["i32"] * 5 + ["fp32"] + ["i32"] * 3
-    # BLOCKS, COUNTS, ORDER, EXACT, KC, VCS, LENS, PART_O, PART_ML (None unless sparse; one KV
-    # part); the summary operands only in the summary pass (summary_only)
+    # BLOCKS, COUNTS, ORDER, KC, VCS, LENS, PART_O, PART_ML (None unless sparse; one KV part);
+    # the summary operands only in the summary pass (summary_only)
     work_list = sparse and scfg.schedule == "heavy_first" and not summary_only
-    sum_all = summary_only and scfg.summary_walk == "all"
     sum_t = "*bf16" if scfg.summary_precision == "bf16" else "*fp32"
     types += ["*i32" if sparse else "constexpr"] * 2 + ["*i32" if work_list else "constexpr"]
-    types += ["*i1" if sum_all else "constexpr"]
     types += ([sum_t, sum_t, "*fp32"] if summary_only else ["constexpr"] * 3)
     types += ["constexpr"] * 2
     types += ["i32"] * 3  # N_QB, N_KB, N_BH
@@ -91,9 +89,7 @@ def compile_sm90(overrides: dict):
                SPARSE=sparse, SUMMARY=summary_only,
                WORK_LIST=work_list, KV_SPLITS=1, SUM_CHUNK=scfg.summary_chunk,
                SUM_PREC=scfg.summary_precision, SUMMARY_ONLY=summary_only,
-               INIT_SUMMARY=init_summary, SUM_ALL=sum_all,
-               HALVES=sparse and not summary_only and scfg.exact_tiles == "halves" and tma
-               and bn == 128 and pv_fma)
+               INIT_SUMMARY=init_summary)
     cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
     attrs = {}
     if sparse:  # the real launch's 16-byte alignment of every pointer (loads vectorize)

@@ -127,8 +127,6 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("heavy-first work list", base.with_sparse(schedule="heavy_first")),
         ("kv_splits 2", base.with_sparse(kv_splits=2)),
         ("gathered loads", base.with_sparse(tma=False)),
-        ("joined exact tiles", base.with_sparse(exact_tiles="joined")),
-        ("summary walks the list", base.with_sparse(summary_walk="list")),
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
     ]

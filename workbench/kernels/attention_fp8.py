@@ -98,60 +98,61 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                MASK_KEYS: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
                IMP_PV: tl.constexpr, PV_FMA: tl.constexpr, PERM_P: tl.constexpr,
-               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr, HALVES: tl.constexpr):
+               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
     """The sparse form of ``_key_tile``: the key tile made of the key blocks at entries e (and
     e + 1 with 128-key tiles) of this query block's list ``lst`` (``cnt`` entries). Each 64-key
     half keeps its own K scale (the two-scale fold of ``_softmax_pv``); V^T's token order is
     permuted within 32-token groups only, so 64-key halves keep it. MASK_KEYS: the last tile of
     the list, whose second half may be absent (odd count) and whose keys may pass S (the
     partial last block)."""
-    if HALVES:  # TMA, 128-key tiles, flush="fma"
-        return _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, HEAD_D,
-                                 SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_QK, PERM_P, P_LOG2_SCALE)
-    K8, V8T, kd, vd, SK, kbase, vbase, skbase = tiles
-    j0 = tl.load(lst + e)
-    j1 = j0
-    if BLOCK_N != SCALE_BLOCK:
-        if MASK_KEYS:
-            j1 = tl.load(lst + tl.minimum(e + 1, cnt - 1))  # a repeat of j0 when absent: masked
-        else:
-            j1 = tl.load(lst + e + 1)
-    half0 = offs_n < SCALE_BLOCK
-    tok = tl.where(half0, j0 * SCALE_BLOCK + offs_n, j1 * SCALE_BLOCK + offs_n - SCALE_BLOCK)
-    if USE_TMA:  # one TMA box per 64-key block (descriptors with 64-row boxes)
-        k = kd.load([kbase + j0 * SCALE_BLOCK, 0])
-        vt = vd.load([vbase, j0 * SCALE_BLOCK])
+    TWO_BOXES: tl.constexpr = USE_TMA and BLOCK_N != SCALE_BLOCK
+    if TWO_BOXES:  # 128-key tiles from two unjoined 64-key TMA boxes
+        acc, l_i, m_i = _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, HEAD_D,
+                                          SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_QK, IMP_PV,
+                                          PV_FMA, PERM_P, P_LOG2_SCALE)
+    else:
+        K8, V8T, kd, vd, SK, kbase, vbase, skbase = tiles
+        j0 = tl.load(lst + e)
+        j1 = j0
         if BLOCK_N != SCALE_BLOCK:
-            k1 = kd.load([kbase + j1 * SCALE_BLOCK, 0])
-            vt1 = vd.load([vbase, j1 * SCALE_BLOCK])
-            k = tl.reshape(tl.permute(tl.join(k, k1), (2, 0, 1)), [BLOCK_N, HEAD_D])
-            vt = tl.reshape(tl.permute(tl.join(vt, vt1), (0, 2, 1)), [HEAD_D, BLOCK_N])
-        v = tl.trans(vt)
-    else:  # gathered rows: the tile's token index per key
-        k = tl.load(K8 + (kbase + tok)[:, None] * HEAD_D + d[None, :])
-        v = tl.load(V8T + (vbase + d)[None, :] * S_pad + tok[:, None])
-    raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
-    s0 = tl.load(SK + skbase + j0)
-    s1 = tl.load(SK + skbase + j1)
-    key_ok = tok < S
-    if BLOCK_N != SCALE_BLOCK:
-        key_ok = key_ok & (half0 | (e + 1 < cnt))
-    return _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n, BLOCK_N, SCALE_BLOCK,
-                       MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P, P_LOG2_SCALE)
+            if MASK_KEYS:
+                j1 = tl.load(lst + tl.minimum(e + 1, cnt - 1))  # j0 again when absent: masked
+            else:
+                j1 = tl.load(lst + e + 1)
+        half0 = offs_n < SCALE_BLOCK
+        tok = tl.where(half0, j0 * SCALE_BLOCK + offs_n,
+                       j1 * SCALE_BLOCK + offs_n - SCALE_BLOCK)
+        if USE_TMA:  # 64-key tiles: one TMA box (descriptors with 64-row boxes)
+            k = kd.load([kbase + j0 * SCALE_BLOCK, 0])
+            v = tl.trans(vd.load([vbase, j0 * SCALE_BLOCK]))
+        else:  # gathered rows: the tile's token index per key
+            k = tl.load(K8 + (kbase + tok)[:, None] * HEAD_D + d[None, :])
+            v = tl.load(V8T + (vbase + d)[None, :] * S_pad + tok[:, None])
+        raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
+        s0 = tl.load(SK + skbase + j0)
+        s1 = tl.load(SK + skbase + j1)
+        key_ok = tok < S
+        if BLOCK_N != SCALE_BLOCK:
+            key_ok = key_ok & (half0 | (e + 1 < cnt))
+        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n, BLOCK_N,
+                                    SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P,
+                                    P_LOG2_SCALE)
+    return acc, l_i, m_i
 
 
 @triton.jit
 def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
                       HEAD_D: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
-                      ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, PERM_P: tl.constexpr,
-                      P_LOG2_SCALE: tl.constexpr):
+                      ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
+                      PV_FMA: tl.constexpr, PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
     """``_list_tile`` for 128-key tiles from TMA boxes without joining them: the two 64-key
     blocks at entries e, e + 1 each get their own Q K^T (m64n64) and P @ V (k = 64) straight from
     their shared-memory boxes, in one online-softmax step (one rescale of acc per 128 keys).
-    Joining the boxes into one [128, D] tile first moved them through registers (587 vs 512
-    SASS per tile). P @ V is one 128-term FP8 chain into a fresh accumulator, flushed by one FMA
-    as the ``flush="fma"`` dense tile; the row sum adds the halves' sums (last-bit differences
-    from the dense tile's 128-wide sum)."""
+    Joining the boxes into one [128, D] tile first took them through registers and back to
+    shared memory with proxy fences: 13.98 vs 11.96 ms at density 0.149 on the H200 (code at
+    9fe55b3). P @ V is one 128-term FP8 chain as in the dense tile (with flush "fma" into a
+    fresh accumulator, flushed by one FMA); the row sum adds the halves' sums, so l may differ
+    from the dense tile's 128-wide sum in the last bit."""
     K8, V8T, kd, vd, SK, kbase, vbase, skbase = tiles
     j0 = tl.load(lst + e)
     if MASK_KEYS:
@@ -179,9 +180,13 @@ def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
         p1 = round_p_to_e4m3(p1)
     v0 = tl.trans(vd.load([vbase, j0 * SCALE_BLOCK]))
     v1 = tl.trans(vd.load([vbase, j1 * SCALE_BLOCK]))
-    pv = _dot_fp8(_p_operand(p0, SCALE_BLOCK, PERM_P), v0, None, -1)
-    pv = _dot_fp8(_p_operand(p1, SCALE_BLOCK, PERM_P), v1, pv, -1)
-    acc = acc * alpha[:, None] + pv
+    if PV_FMA:
+        pv = _dot_fp8(_p_operand(p0, SCALE_BLOCK, PERM_P), v0, None, -1)
+        pv = _dot_fp8(_p_operand(p1, SCALE_BLOCK, PERM_P), v1, pv, -1)
+        acc = acc * alpha[:, None] + pv
+    else:
+        acc = _dot_fp8(_p_operand(p0, SCALE_BLOCK, PERM_P), v0, acc * alpha[:, None], IMP_PV)
+        acc = _dot_fp8(_p_operand(p1, SCALE_BLOCK, PERM_P), v1, acc, IMP_PV)
     return acc, l_i, m_cand
 
 
@@ -200,34 +205,26 @@ def _summary_operand(x, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, exrow, n_kb, KC, VCS, LENS,
-                  kcbase, d, HEAD_D: tl.constexpr, CHUNK: tl.constexpr,
-                  P_LOG2_SCALE: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr,
-                  SUM_ALL: tl.constexpr):
-    """Sol's summary route for CHUNK key blocks: SUM_ALL, the blocks c0 .. c0 + CHUNK with the
-    exact ones masked out (``exrow``: this query block's row of the exact map; contiguous
-    loads); else the not-exact blocks at entries cnt + c0 .. of the list (gathered). Weight
-    w = 2^(q . kc_j * c - m) on vc_j in the numerator and w * len_j in the denominator, in the
-    same online softmax as the exact tiles. kc_j in the K units of the exact
+def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, KC, VCS, LENS, kcbase, d,
+                  HEAD_D: tl.constexpr, CHUNK: tl.constexpr, P_LOG2_SCALE: tl.constexpr,
+                  SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr):
+    """Sol's summary route for the not-exact key blocks at entries cnt + c0 .. cnt + c0 + CHUNK
+    of the list (gathered rows of kc and vc / s_v; walking every block with the exact ones
+    masked, contiguous loads, was slower: 11.96 vs 11.58 ms at density 0.149 on the H200, code
+    at 9fe55b3): weight w = 2^(q . kc_j * c - m) on vc_j in the numerator and w * len_j in the
+    denominator, in the same online softmax as the exact tiles. kc_j in the K units of the exact
     scores (so t = q8 . kc_j is in the row max's units); VCS = vc_j / s_v (V's channel scale is
     applied to acc in the epilogue). qsum: Q's codes as ``_summary_operand``."""
     c = c0 + tl.arange(0, CHUNK)
-    if SUM_ALL:
-        js = c
-        ok = (c < n_kb) & (tl.load(exrow + c, mask=c < n_kb, other=1) == 0)
-    else:
-        ok = c < n_sum
-        js = tl.load(lst + cnt + c, mask=ok, other=0)
+    ok = c < n_sum
+    js = tl.load(lst + cnt + c, mask=ok, other=0)
     rows = (kcbase + js)[:, None] * HEAD_D + d[None, :]
     kc = _summary_operand(tl.load(KC + rows, mask=ok[:, None], other=0.0), SUM_PREC, INTERPRET)
     prec: tl.constexpr = "ieee" if SUM_PREC == "ieee" else "tf32"  # (unused for bf16 operands)
     t = tl.dot(qsum, tl.trans(kc), input_precision=prec)
     t = tl.where(ok[None, :], t, float("-inf"))
     m_cand = tl.maximum(m_i, tl.max(t, axis=1))
-    # a row that has seen no block yet (every block so far exact: SUM_ALL walks them masked)
-    # keeps m = -inf; a finite stand-in keeps alpha and w at 0 instead of 2^(-inf + inf) = NaN
-    m_use = tl.where(m_cand == float("-inf"), 0.0, m_cand)
-    mq, alpha = _row_bias(m_i, m_use, qs, P_LOG2_SCALE)
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     w = tl.math.exp2(tl.fma(t, qs[:, None], -mq[:, None]))
     lens = tl.load(LENS + js, mask=ok, other=0.0)
     l_i = l_i * alpha + tl.sum(w * lens[None, :], axis=1)
@@ -366,14 +363,13 @@ def _epilogue(acc, l_i, mlog, bh, b, h, bhk, offs_m, d, VS, VC, OUT, LSE, S, row
 
 @triton.jit
 def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
-               BLOCKS, COUNTS, EXACT, KC, VCS, LENS, kcbase, N_KB,
+               BLOCKS, COUNTS, KC, VCS, LENS, kcbase, N_KB,
                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
                PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
                P_LOG2_SCALE: tl.constexpr, SUMMARY: tl.constexpr, KV_SPLITS: tl.constexpr,
                SUM_CHUNK: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr,
-               SUMMARY_ONLY: tl.constexpr = False, HALVES: tl.constexpr = False,
-               SUM_ALL: tl.constexpr = False):
+               SUMMARY_ONLY: tl.constexpr = False):
     """The sparse main loop of one query block (list row ``row``), part ``sid`` of KV_SPLITS:
     the exact key blocks of the list two by two (one by one with 64-key tiles) without masks,
     then the last part's masked tile (an odd last entry and / or the partial last key block of
@@ -384,30 +380,23 @@ def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
     if not SUMMARY_ONLY:
         acc, l_i, m_i = _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n,
                                     d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
-                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, KV_SPLITS, INTERPRET,
-                                    HALVES)
+                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, KV_SPLITS, INTERPRET)
     if SUMMARY:
         n_sum = N_KB - cnt
-        n_walk = N_KB if SUM_ALL else n_sum
-        exrow = lst  # (read only with SUM_ALL)
-        if SUM_ALL:
-            exrow = EXACT + row.to(tl.int64) * N_KB
         if sid == KV_SPLITS - 1:
             qsum = _summary_operand(q, SUM_PREC, INTERPRET)
             if INTERPRET:
                 c0 = 0
-                while c0 < n_walk:
+                while c0 < n_sum:
                     acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
-                                                  exrow, N_KB, KC, VCS, LENS, kcbase, d, HEAD_D,
-                                                  SUM_CHUNK, P_LOG2_SCALE, SUM_PREC, INTERPRET,
-                                                  SUM_ALL)
+                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
+                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
                     c0 += SUM_CHUNK
             else:
-                for c0 in tl.range(0, n_walk, SUM_CHUNK):
+                for c0 in tl.range(0, n_sum, SUM_CHUNK):
                     acc, l_i, m_i = _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum,
-                                                  exrow, N_KB, KC, VCS, LENS, kcbase, d, HEAD_D,
-                                                  SUM_CHUNK, P_LOG2_SCALE, SUM_PREC, INTERPRET,
-                                                  SUM_ALL)
+                                                  KC, VCS, LENS, kcbase, d, HEAD_D, SUM_CHUNK,
+                                                  P_LOG2_SCALE, SUM_PREC, INTERPRET)
     return acc, l_i, m_i
 
 
@@ -416,8 +405,7 @@ def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
                 HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
                 PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
-                P_LOG2_SCALE: tl.constexpr, KV_SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
-                HALVES: tl.constexpr):
+                P_LOG2_SCALE: tl.constexpr, KV_SPLITS: tl.constexpr, INTERPRET: tl.constexpr):
     """The exact key blocks of one list (``cnt`` entries at ``lst``), part ``sid``."""
     BPT: tl.constexpr = BLOCK_N // SCALE_BLOCK  # key blocks per tile
     last = tl.load(lst + cnt - 1)  # lists ascend: the partial last block comes last
@@ -431,21 +419,19 @@ def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
         while t < t1:
             acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                        offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
-                                       HALVES)
+                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
             t += 1
     else:
         for t in tl.range(t0, t1):
             acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                        offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
-                                       HALVES)
+                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
     if sid == KV_SPLITS - 1:
         if n_tiles * BPT < cnt:
             acc, l_i, m_i = _list_tile(n_tiles * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
                                        S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True,
                                        ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
-                                       P_LOG2_SCALE, HALVES)
+                                       P_LOG2_SCALE)
     return acc, l_i, m_i
 
 
@@ -455,8 +441,7 @@ def _fp8_attn_fwd_kernel(
     qd, kd, vd,
     S, S_pad, H, GROUP, row_start, qk_scale_log2,
     stride_ob, stride_os, stride_oh,
-    BLOCKS, COUNTS, ORDER, EXACT, KC, VCS, LENS, PART_O, PART_ML, N_QB, N_KB, N_BH, SUM_O,
-    SUM_ML,
+    BLOCKS, COUNTS, ORDER, KC, VCS, LENS, PART_O, PART_ML, N_QB, N_KB, N_BH, SUM_O, SUM_ML,
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
     IMP_PV: tl.constexpr, WRITE_LSE: tl.constexpr, OUT_F32: tl.constexpr, USE_TMA: tl.constexpr,
@@ -465,7 +450,6 @@ def _fp8_attn_fwd_kernel(
     WORK_LIST: tl.constexpr = False, KV_SPLITS: tl.constexpr = 1,
     SUM_CHUNK: tl.constexpr = 64, SUM_PREC: tl.constexpr = "tf32",
     SUMMARY_ONLY: tl.constexpr = False, INIT_SUMMARY: tl.constexpr = False,
-    HALVES: tl.constexpr = False, SUM_ALL: tl.constexpr = False,
 ):
     """Dense: grid (S / BLOCK_M, B * H), every key tile. SPARSE (BLOCK_M = the 64-row routing
     block): the key blocks of the query block's list (``_list_rows``); grid (n_qblocks, B * H,
@@ -503,11 +487,10 @@ def _fp8_attn_fwd_kernel(
     if SPARSE:
         sid = tl.program_id(2)
         acc, l_i, m_i = _list_rows(acc, l_i, m_i, q, qs, tiles, bh * N_QB + pid_m, sid, S,
-                                   S_pad, offs_n, d, BLOCKS, COUNTS, EXACT, KC, VCS, LENS,
-                                   bhk * N_KB, N_KB, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P,
-                                   IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, SUMMARY,
-                                   KV_SPLITS, SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY,
-                                   HALVES, SUM_ALL)
+                                   S_pad, offs_n, d, BLOCKS, COUNTS, KC, VCS, LENS, bhk * N_KB,
+                                   N_KB, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
+                                   PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, SUMMARY, KV_SPLITS,
+                                   SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY)
         if INIT_SUMMARY:
             if sid == 0:
                 # merge the summary pass's state after the exact tiles (loading it before the
@@ -668,10 +651,10 @@ def fp8_attention_fwd(
         )
 
     if sp is None:
-        launch(grid, (None,) * 9 + (0, 0, B * H, None, None), {}, cap)
+        launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
     else:
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
-            sum_args = sp.args[:7] + (None, None) + sp.args[9:] + (B * H, sp.sum_o, sp.sum_ml)
+            sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
             launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
         launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
     if sp and sp.splits > 1:
@@ -719,10 +702,7 @@ class _SparseLaunch:
                  if dev.type == "cuda" else 132)
         splits = sparse.splits_for(B * H * nq, n_sms)
         cst = dict(SPARSE=True)
-        if sparse.exact_tiles == "halves" and c.block_n == 128 and sparse.tma \
-                and c.flush == "fma":
-            cst["HALVES"] = True
-        kc = vcs = lens = order = part_o = part_ml = exact = None
+        kc = vcs = lens = order = part_o = part_ml = None
         sum_cst = sum_o = sum_ml = None
         if routing.kc is not None:  # Sol's summary route
             kc = routing.kc.contiguous()
@@ -730,12 +710,9 @@ class _SparseLaunch:
             if sparse.summary_precision == "bf16":  # the kernel's rounding, done once here
                 kc, vcs = kc.to(torch.bfloat16), vcs.to(torch.bfloat16)
             lens = routing.lens.to(torch.float32).contiguous()
-            sum_all = sparse.summary_walk == "all"
-            if sum_all:
-                exact = routing.exact.contiguous()
             # its own pass (config.SparseConfig says why); the exact-tile pass merges its state
             sum_cst = dict(SPARSE=True, SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
-                           SUM_PREC=sparse.summary_precision, SUM_ALL=sum_all)
+                           SUM_PREC=sparse.summary_precision)
             sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=dev)
             sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=dev)
             cst["INIT_SUMMARY"] = True
@@ -751,8 +728,7 @@ class _SparseLaunch:
             cst["KV_SPLITS"] = splits
             part_o = torch.empty((splits, B * H, S_pad, D), dtype=torch.float32, device=dev)
             part_ml = torch.empty((2, splits, B * H, S_pad), dtype=torch.float32, device=dev)
-        args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, exact, kc, vcs,
-                lens,
+        args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, kc, vcs, lens,
                 part_o, part_ml, nq, nk)
         return cls(launch, args, cst, splits, part_o, part_ml, sum_cst, sum_o, sum_ml)
 

@@ -106,8 +106,6 @@ class StatsConfig:
 
 SCHEDULES = ("rows", "heavy_first")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
-EXACT_TILES = ("halves", "joined")
-SUMMARY_WALKS = ("all", "list")
 
 
 @dataclass(frozen=True)
@@ -130,15 +128,10 @@ class SparseConfig:
     tiles in the same program (commit 116e606 has it), its operands next to the accumulator need
     more than 168 registers: with the cap ptxas spills and serializes every wgmma, without it
     two programs fit an SM instead of three (H200, density 0.149: 17.09 vs 16.06 ms).
-    tma: the exact tiles' K and V as one TMA box per 64-key block (True) or gathered pointer
-    loads (False).
-    exact_tiles (TMA, 128-key tiles, flush "fma"): "halves" = each 64-key box gets its own
-    Q K^T and P @ V straight from shared memory, one softmax step per 128 keys; "joined" = the
-    two boxes joined into one [128, D] tile first (through registers).
-    summary_walk: "all" = the summary pass walks every key block in order with the exact ones
-    masked out (contiguous loads, N_KB / chunk steps); "list" = only the not-exact blocks of the
-    list (gathered loads, (N_KB - count) / chunk steps). With BF16 summary operands kc and
-    vc / s_v are rounded to BF16 once on the host (the same values the kernel rounded to).
+    tma: the exact tiles' K and V as one TMA box per 64-key block, each box feeding its own
+    Q K^T and P @ V from shared memory (True), or gathered pointer loads (False). With BF16
+    summary operands kc and vc / s_v are rounded to BF16 once on the host (the values the kernel
+    rounded to before).
     maxnreg: the register cap of the exact-tile launch (None: none); the separate summary pass
     runs uncapped.
     Offline sm_90 compiles (scripts/sass_stats.py, 2026-11-30), SASS instructions of the main
@@ -158,8 +151,6 @@ class SparseConfig:
     summary_precision: str = "bf16"
     tma: bool = True
     maxnreg: int | None = 168
-    exact_tiles: str = "halves"
-    summary_walk: str = "all"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -170,12 +161,6 @@ class SparseConfig:
         if self.summary_precision not in SUMMARY_PRECISIONS:
             raise ValueError(f"SparseConfig.summary_precision: {self.summary_precision!r}; "
                              f"choose one of {SUMMARY_PRECISIONS}")
-        if self.exact_tiles not in EXACT_TILES:
-            raise ValueError(f"SparseConfig.exact_tiles: {self.exact_tiles!r}; choose one of "
-                             f"{EXACT_TILES}")
-        if self.summary_walk not in SUMMARY_WALKS:
-            raise ValueError(f"SparseConfig.summary_walk: {self.summary_walk!r}; choose one of "
-                             f"{SUMMARY_WALKS}")
         if self.summary_chunk not in (16, 32, 64, 128):
             raise ValueError(f"SparseConfig.summary_chunk: {self.summary_chunk}; choose 16, 32, "
                              "64 or 128")
