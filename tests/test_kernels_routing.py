@@ -24,6 +24,7 @@ from workbench.attention.sparsity import (  # noqa: E402
     LOG2E,
     block_reduce,
     sol_block_map,
+    sol_exact,
     sol_scores,
     vsa_block_map,
     vsa_keep_count,
@@ -227,6 +228,71 @@ def test_vsa_routing_equals_the_twin_up_to_rounding_ties(S, H, Hkv, D, name, pre
     assert r.kc is None and r.vc is None
 
 
+def random_masks(shape, seed):
+    """bool [..., nk] with a random density per row, the first row all true, the second all
+    false."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.rand(shape, generator=g) < torch.rand((*shape[:-1], 1), generator=g)
+    flat = m.view(-1, shape[-1])
+    flat[0] = True
+    if flat.shape[0] > 1:
+        flat[1] = False
+    return m
+
+
+@cpu_only
+@pytest.mark.parametrize("shape", [(1, 2, 3, 37), (5, 510), (7, 1), (2, 64), (3, 4, 5, 100)])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_list_pass_equals_compact_blocks(shape, rows):
+    m = random_masks(shape, seed=sum(shape) + rows)
+    blocks, counts = routing.mask_lists(m, config=routing.ListPassConfig(rows=rows))
+    ref_blocks, ref_counts = routing.compact_blocks(m)
+    assert blocks.dtype == torch.int32 and counts.dtype == torch.int32
+    assert blocks.shape == m.shape and counts.shape == m.shape[:-1]
+    assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)
+    # a strided (non-contiguous) mask reads the same
+    wide = torch.zeros((*shape[:-1], 2 * shape[-1]), dtype=torch.bool)
+    wide[..., ::2] = m
+    blocks, counts = routing.mask_lists(wide[..., ::2], config=routing.ListPassConfig(rows=rows))
+    assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)
+
+
+@cpu_only
+@pytest.mark.parametrize("nq,nk", [(6, 37), (3, 510), (11, 11)])
+@pytest.mark.parametrize("band,prefix_len", [(0, 0), (1, 70), (3, 64), (2, 1)])
+def test_sol_list_pass_equals_sol_exact_and_compact_blocks(nq, nk, band, prefix_len):
+    g = torch.Generator().manual_seed(nq * nk + band + prefix_len)
+    scores = torch.randn((2, 3, nq, nk), generator=g)
+    theta = torch.randn((2, 3, nq), generator=g)
+    # ties (score == theta is not exact), infinite thresholds and a NaN score
+    scores[0, 0, :, 0] = theta[0, 0]
+    theta[0, 1, 0], theta[0, 2, 0], scores[1, 0, 0, 1] = -math.inf, math.inf, math.nan
+    rec = get_recipe("fp8_sol_k").with_(sol_band=band)
+    twin = sol_exact(scores, theta, rec, prefix_len)
+    blocks, counts, exact = routing.sol_lists(scores, theta, band,
+                                              routing.sink_blocks(prefix_len, rec.sol_block),
+                                              config=routing.ListPassConfig(rows=2))
+    assert exact.dtype == torch.bool and torch.equal(exact, twin)
+    ref_blocks, ref_counts = routing.compact_blocks(twin)
+    assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)
+
+
+@cpu_only
+def test_sol_routing_decides_as_sol_exact_on_its_own_scores():
+    """The list pass makes the same decisions as ``sol_exact`` on the scores and thresholds that
+    ``sol_routing`` computes (only the block sums' order may differ from the twin)."""
+    q, k, v, layout = synthetic(1100, 4, 2, 64, seed=3, prefix=(14, 60))
+    rec = get_recipe("fp8_sol_kv_corrected:sol_band=2")
+    sums = routing.block_sums(q, k, v, minmax=True, config=FAST)
+    r = routing.sol_routing(q, k, v, rec, layout=layout, sums=sums)
+    _, qbar, kc, _, c, group = routing._sol_inputs(q, k, v, rec, None, sums, None, None)
+    scores, theta = sol_scores(qbar, kc.repeat_interleave(group, 1), rec, c)
+    exact = sol_exact(scores, theta, rec, layout.prefix_len)
+    assert torch.equal(r.exact, exact)
+    blocks, counts = routing.compact_blocks(exact)
+    assert torch.equal(r.blocks, blocks) and torch.equal(r.counts, counts)
+
+
 @cpu_only
 def test_bad_inputs_are_refused_with_the_name():
     q, k, v, layout = synthetic(200, 4, 2, 64)
@@ -270,6 +336,8 @@ def test_h3_shape_routing_on_the_gpu_matches_the_twin():
               f"{n_diff} rounding disagreements, {n_near} pairs in the band of {twin.numel()}")
         assert n_outside == 0 and n_near <= 1e-3 * twin.numel()
         torch.testing.assert_close(r.kc, kcent, rtol=1e-4, atol=1e-5)
+        blocks, counts = routing.compact_blocks(r.exact)  # the list pass against its twin
+        assert torch.equal(r.blocks, blocks) and torch.equal(r.counts, counts)
         total += n_diff
         del twin, margin, scores
     rec = get_recipe("vsa_bf16")
@@ -279,6 +347,8 @@ def test_h3_shape_routing_on_the_gpu_matches_the_twin():
     print(f"H3 vsa_bf16: density {r.density:.4f}, {n_diff} rounding disagreements, "
           f"{n_near} in the band")
     assert n_outside == 0 and n_near <= 1e-3 * twin.numel()
+    blocks, counts = routing.compact_blocks(r.exact)
+    assert torch.equal(r.blocks, blocks) and torch.equal(r.counts, counts)
     check_lists_gpu = r.blocks.sort(-1).values
     assert torch.equal(check_lists_gpu,
                        torch.arange(r.exact.shape[-1], device="cuda", dtype=torch.int32)

@@ -9,9 +9,16 @@ Which part runs where:
 - Triton (``_block_sums_kernel``, memory-bound, one read of Q, K and V): per (batch, head,
   ``block``-token block) the FP32 sums of Q, K and V, and optionally V's per-block channel max and
   min. Fixed summation order, no atomics: bitwise the same output run to run.
-- torch (small dense parts, [B, H, nq, nk] with nq = nk = 510 at the H3 shape): block means, K/V
-  centring of the block sums, the coarse scores and thresholds (the twin's own ``sol_scores`` /
-  ``sol_exact`` / ``vsa_select``), and the compaction into per-query-block lists.
+- torch (small dense parts): block means, K/V centring of the block sums, the coarse scores
+  [B, H, nq, nk] (nq = nk = 510 at the H3 shape) and Sol's thresholds theta [B, H, nq] (the
+  twin's own ``sol_scores``, so the decisions are the twin's given the same sums), and VSA's
+  top-k (the twin's ``vsa_select``, a bool map).
+- Triton (``_lists_kernel``, one pass, ``ListPassConfig.rows`` list rows (b, h, i) per program):
+  Sol's decisions (score > theta, the diagonal band, the sink: bitwise ``sol_exact``) or VSA's
+  map, and their compaction into the per-query-block lists (one cumsum over the power-of-two
+  padded row and a scattered store: bitwise ``compact_blocks``, the torch twin kept for tests).
+  It replaces a dozen torch ops over [B, H, nq, nk] (``sol_exact``, ``compact_blocks``),
+  most of the ~0.96 ms that the torch part took at the H3 shape on an H200.
 
 K centring costs no second read: mean_t(K - mu_K) over a block = mean_t(K) - mu_K, and the block
 sums of V - mu_V are sum_t(V) - len * mu_V. mu_K and mu_V themselves (and V's centred absmax) follow
@@ -242,6 +249,117 @@ def compact_blocks(exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocks, counts
 
 
+@dataclass(frozen=True)
+class ListPassConfig:
+    """Launch shape of the list pass: ``rows`` list rows per program (each padded to a power of
+    two of key blocks), ``num_warps`` per program."""
+
+    rows: int = 4
+    num_warps: int = 4
+
+
+LIST_PASS = ListPassConfig()
+
+
+@triton.jit
+def _lists_kernel(
+    SCORES, THETA, MASK, BLOCKS, COUNTS, EXACT,
+    R, nq, nk, band, sink_blocks, stride_s, stride_m,
+    NK_PAD: tl.constexpr, ROWS: tl.constexpr, SOL: tl.constexpr,
+):
+    """ROWS list rows r = (b * H + h) * nq + i per program. SOL: decide exact = score > theta |
+    |i - j| <= band | j < sink_blocks (``sol_exact``) and store it; else read the mask. Then the
+    compaction of ``compact_blocks``: exact blocks to cs - 1, the others to count + j - cs."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    j = tl.arange(0, NK_PAD)
+    row_ok = r < R
+    ok = row_ok[:, None] & (j < nk)[None, :]
+    r64 = r.to(tl.int64)  # R * nk may pass 2^31 at long sequences
+    if SOL:
+        s = tl.load(SCORES + r64[:, None] * stride_s + j[None, :], mask=ok, other=0.0)
+        theta = tl.load(THETA + r, mask=row_ok, other=0.0)
+        i = r % nq
+        exact = ((s > theta[:, None]) | (tl.abs(i[:, None] - j[None, :]) <= band)
+                 | (j < sink_blocks)[None, :])
+    else:
+        exact = tl.load(MASK + r64[:, None] * stride_m + j[None, :], mask=ok, other=0) != 0
+    exact = exact & ok  # padding columns are not exact: their pos lands past nk, masked
+    e = exact.to(tl.int32)
+    cs = tl.cumsum(e, axis=1)  # exact blocks among 0..j
+    count = tl.sum(e, axis=1)
+    pos = tl.where(exact, cs - 1, count[:, None] + j[None, :] - cs)
+    row = r64[:, None] * nk
+    tl.store(BLOCKS + row + pos, tl.broadcast_to(j[None, :], [ROWS, NK_PAD]), mask=ok)
+    tl.store(COUNTS + r, count, mask=row_ok)
+    if SOL:
+        tl.store(EXACT + row + j[None, :], exact.to(tl.uint8), mask=ok)
+
+
+def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
+                  sink_blocks=0, mask=None):
+    """R list rows of nk key blocks: Sol from scores [R, nk] / theta [R], else from the bool mask
+    [R, nk] (unit stride along nk) -> (blocks [R, nk] int32, counts [R] int32, exact)."""
+    sol = mask is None
+    blocks = torch.empty((R, nk), dtype=torch.int32, device=device)
+    counts = torch.empty((R,), dtype=torch.int32, device=device)
+    exact = torch.empty((R, nk), dtype=torch.bool, device=device) if sol else mask
+    if R == 0:
+        return blocks, counts, exact
+    rows = config.rows
+    if rows < 1 or rows & (rows - 1):
+        raise ValueError(f"ListPassConfig.rows: {rows} is not a power of two")
+    # the unused operand's pointer is another tensor of the call (SOL is constexpr: never read)
+    src = scores if sol else mask.view(torch.uint8)
+    _lists_kernel[(triton.cdiv(R, rows),)](
+        src, theta if sol else counts, src, blocks, counts, exact.view(torch.uint8),
+        R, nq, nk, band, sink_blocks, src.stride(0), src.stride(0),
+        NK_PAD=triton.next_power_of_2(nk), ROWS=rows, SOL=sol, num_warps=config.num_warps,
+    )
+    return blocks, counts, exact
+
+
+def sol_lists(scores: torch.Tensor, theta: torch.Tensor, band: int, sink_blocks: int, *,
+              config: ListPassConfig = LIST_PASS
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sol's decisions and lists in one pass. scores [..., nq, nk] FP32, theta [..., nq] FP32 (as
+    ``sol_scores``), band: the diagonal half-width, sink_blocks: leading key blocks that are
+    always exact -> (blocks [..., nq, nk] int32, counts [..., nq] int32, exact [..., nq, nk]
+    bool), equal to ``compact_blocks(sol_exact(...))``."""
+    *lead, nq, nk = scores.shape
+    if tuple(theta.shape) != (*lead, nq):
+        raise ValueError(f"theta: shape {tuple(theta.shape)}, expected {(*lead, nq)}")
+    scores2 = scores.reshape(-1, nk)
+    if scores2.stride(-1) != 1:
+        scores2 = scores2.contiguous()
+    theta1 = theta.reshape(-1).contiguous()
+    if scores2.dtype != torch.float32 or theta1.dtype != torch.float32:
+        raise ValueError(f"sol_lists: scores / theta are {scores.dtype} / {theta.dtype}, "
+                         "expected float32")
+    blocks, counts, exact = _launch_lists(scores2.shape[0], nq, nk, scores.device, config,
+                                          scores=scores2, theta=theta1, band=int(band),
+                                          sink_blocks=int(sink_blocks))
+    return blocks.view(scores.shape), counts.view(theta.shape), exact.view(scores.shape)
+
+
+def mask_lists(exact: torch.Tensor, *, config: ListPassConfig = LIST_PASS
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``compact_blocks`` in one pass: exact [..., nk] bool -> (blocks [..., nk] int32, counts
+    [...] int32)."""
+    if exact.dtype != torch.bool:
+        raise ValueError(f"mask_lists: exact is {exact.dtype}, expected bool")
+    nk = exact.shape[-1]
+    mask = exact.reshape(-1, nk)
+    if mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    blocks, counts, _ = _launch_lists(mask.shape[0], 1, nk, exact.device, config, mask=mask)
+    return blocks.view(exact.shape), counts.view(exact.shape[:-1])
+
+
+def sink_blocks(prefix_len: int, block: int) -> int:
+    """Key blocks holding prefix rows (j * block < prefix_len), as ``sol_exact``'s sink."""
+    return max(0, -(-prefix_len // block))
+
+
 def _layout_for(layout: SegmentLayout | None, S: int) -> SegmentLayout:
     layout = layout or SegmentLayout.all_video(S)
     if layout.total != S:
@@ -278,13 +396,19 @@ def _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v):
     elif sums.block != recipe.sol_block or sums.seq_len != S:
         raise ValueError(f"sums: block {sums.block} / length {sums.seq_len} do not match the "
                          f"recipe's sol_block {recipe.sol_block} / S = {S}")
-    zeros = torch.zeros_like(sums.ksum[:, :, 0])
-    if mu_k is None or mu_v is None:
-        n = float(S)
-        mu_k = sums.ksum.sum(dim=2) / n if mu_k is None else mu_k
-        mu_v = sums.vsum.sum(dim=2) / n if mu_v is None else mu_v
-    kc, vc = sol_centred(sums, mu_k if recipe.smooth_k else zeros,
-                         mu_v if recipe.smooth_v else zeros)
+    # each torch op here costs a launch at these small sizes: the means only where smoothed,
+    # the zeros only where not
+    if not (recipe.smooth_k and recipe.smooth_v):
+        zeros = torch.zeros_like(sums.ksum[:, :, 0])
+    if not recipe.smooth_k:
+        mu_k = zeros
+    elif mu_k is None:
+        mu_k = sums.ksum.sum(dim=2) / float(S)
+    if not recipe.smooth_v:
+        mu_v = zeros
+    elif mu_v is None:
+        mu_v = sums.vsum.sum(dim=2) / float(S)
+    kc, vc = sol_centred(sums, mu_k, mu_v)
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     return sums, sums.qbar, kc, vc, scale * LOG2E, H // Hkv
 
@@ -305,8 +429,8 @@ def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     layout = _layout_for(layout, q.shape[1])
     sums, qbar, kc, vc, c, group = _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v)
     scores, theta = sol_scores(qbar, _expand(kc, group), recipe, c)
-    exact = sol_exact(scores, theta, recipe, layout.prefix_len)
-    blocks, counts = compact_blocks(exact)
+    blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
+                                      sink_blocks(layout.prefix_len, recipe.sol_block))
     return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc)
 
 
@@ -329,7 +453,7 @@ def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kbar = _expand(sums.ksum / sums.lens[:, None], H // Hkv)
     scores = (sums.qbar @ kbar.transpose(-1, -2)) * scale
     exact = vsa_select(scores, recipe, layout.prefix_len)
-    blocks, counts = compact_blocks(exact)
+    blocks, counts = mask_lists(exact)
     return BlockRouting(blocks, counts, exact, recipe.vsa_tile, sums.lens)
 
 
