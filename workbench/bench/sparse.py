@@ -275,6 +275,15 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         what = "block sums of Q, K, V" + (" + V extremes (replaces kv_stats)" if minmax else "")
         report["routing"].append(dict(what=what, ms=ms, read_tbs=n_bytes / (ms * 1e-3) / 1e12))
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
+    if cfg.sweep:  # the block-sum pass's launch shape (routing.BlockPassConfig), with extremes
+        for rows, warps in ((32, 4), (64, 4), (64, 8), (16, 8)):
+            bp = routing.BlockPassConfig(rows=rows, num_warps=warps)
+            ms = time_ms(lambda bp=bp: routing.block_sums(q, k, v, minmax=True, config=bp), dev,
+                         cfg.rep_ms)
+            what = f"block sums + V extremes [rows {rows}, {warps} warps]"
+            report["routing"].append(dict(what=what, ms=ms,
+                                          read_tbs=n_bytes / (ms * 1e-3) / 1e12))
+            log(f"  {what}: {ms:.3f} ms")
     # the routing rows time routing given these sums (a sparse call takes them once, minmax
     # for its statistics), so that the block-sum pass above is not counted twice
     sums = routing.block_sums(q, k, v, block=64, minmax=True)
