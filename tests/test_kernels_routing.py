@@ -28,6 +28,7 @@ from workbench.attention.sparsity import (  # noqa: E402
     sol_scores,
     vsa_block_map,
     vsa_keep_count,
+    vsa_select,
 )
 from workbench.kernels import routing  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
@@ -275,6 +276,28 @@ def test_sol_list_pass_equals_sol_exact_and_compact_blocks(nq, nk, band, prefix_
     assert exact.dtype == torch.bool and torch.equal(exact, twin)
     ref_blocks, ref_counts = routing.compact_blocks(twin)
     assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)
+
+
+@cpu_only
+@pytest.mark.parametrize("nk,prefix_len", [(37, 0), (37, 130), (510, 370), (11, 64)])
+@pytest.mark.parametrize("mode,keep", [("exempt", 0.1), ("compete", 0.3), ("exempt", 0.999)])
+def test_vsa_list_pass_equals_vsa_select_and_compact_blocks(nk, prefix_len, mode, keep):
+    """VSA's top-k from one sort per row: the twin's map on tie-free scores, including a row
+    whose prefix tiles score highest (exempt: they do not take a top-k place)."""
+    g = torch.Generator().manual_seed(nk + prefix_len)
+    scores = torch.randn((2, 3, nk), generator=g)
+    scores[0, 0, :3] = 10.0 + torch.arange(3.0)
+    rec = get_recipe("vsa_bf16").with_(vsa_prefix=mode, vsa_keep=keep)
+    twin = vsa_select(scores, rec, prefix_len)
+    n_sink = min(nk, routing.sink_blocks(prefix_len, rec.vsa_tile))
+    exempt = mode == "exempt" and n_sink > 0
+    blocks, counts, exact = routing.vsa_lists(scores, vsa_keep_count(rec, nk, n_sink), n_sink,
+                                              exempt, config=routing.ListPassConfig(rows=2))
+    assert exact.dtype == torch.bool and torch.equal(exact, twin)
+    ref_blocks, ref_counts = routing.compact_blocks(twin)
+    assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)
+    with pytest.raises(ValueError, match="keep"):
+        routing.vsa_lists(scores, nk + 1, n_sink, exempt)
 
 
 @cpu_only

@@ -33,11 +33,14 @@ with the ``fp8_sol_*`` recipes or an FP8 recipe with ``sparsity="vsa"``) is a co
 specialization (SPARSE) of the same kernel, so the dense specialization compiles exactly as
 before (scripts/sass_stats.py: 512 SASS instructions per key tile, 168 registers, both forms):
 - each 64-row program walks its query block's list of exact key blocks (ascending) in tiles of
-  two 64-key blocks (``_list_tile``): one TMA box per block, or gathered loads; each half keeps
-  its own K scale (the two-scale fold of ``_softmax_pv``); V^T's token permutation stays within
-  32-token groups, so 64-key halves keep it. The unmasked tiles come first; an odd last entry and
-  the partial last key block of the sequence form one masked tile, as the dense peeled tile. With
-  every block exact the tiles, their order and their masks are the dense kernel's: the same bits;
+  two 64-key blocks (``_list_tile``): with TMA one box per block, each feeding its own Q K^T and
+  P @ V from shared memory in one online-softmax step (``_list_tile_halves``), or gathered loads
+  into one 128-key tile; each half keeps its own K scale (the two-scale fold of ``_softmax_pv``);
+  V^T's token permutation stays within 32-token groups, so 64-key halves keep it. The unmasked
+  tiles come first; an odd last entry and the partial last key block of the sequence form one
+  masked tile, as the dense peeled tile. With every block exact the tiles, their order and their
+  masks are the dense kernel's: the same bits with gathered loads, the last bit of l (so of the
+  BF16 output) with TMA boxes, whose row sums add per 64-key half;
 - Sol's summary route (``_summary_step``, after the exact tiles) adds the other blocks to the same
   online softmax: w = 2^(q . kc_j * c - m) on vc_j and w * len_j on l, with kc_j in the exact
   scores' K units and vc_j / s_v in acc's V units, products in BF16 / TF32 / FP32

@@ -11,14 +11,14 @@ Which part runs where:
   min. Fixed summation order, no atomics: bitwise the same output run to run.
 - torch (small dense parts): block means, K/V centring of the block sums, the coarse scores
   [B, H, nq, nk] (nq = nk = 510 at the H3 shape) and Sol's thresholds theta [B, H, nq] (the
-  twin's own ``sol_scores``, so the decisions are the twin's given the same sums), and VSA's
-  top-k (the twin's ``vsa_select``, a bool map).
+  twin's own ``sol_scores``, so the decisions are the twin's given the same sums).
 - Triton (``_lists_kernel``, one pass, ``ListPassConfig.rows`` list rows (b, h, i) per program):
   Sol's decisions (score > theta, the diagonal band, the sink: bitwise ``sol_exact``) or VSA's
-  map, and their compaction into the per-query-block lists (one cumsum over the power-of-two
-  padded row and a scattered store: bitwise ``compact_blocks``, the torch twin kept for tests).
-  It replaces a dozen torch ops over [B, H, nq, nk] (``sol_exact``, ``compact_blocks``),
-  most of the ~0.96 ms that the torch part took at the H3 shape on an H200.
+  top-k (the keep-th largest score of the row from one bitonic sort: ``vsa_select`` up to ties
+  at that score), and their compaction into the per-query-block lists (one cumsum over the
+  power-of-two padded row and a scattered store: bitwise ``compact_blocks``, the torch twin kept
+  for tests). At the H3 shape on an H200 the torch part took 1.13 ms for Sol and 1.59 ms for
+  VSA (torch.topk and a dozen ops over [B, H, nq, nk]); with the Sol pass 0.47 ms (2026-12-01).
 
 K centring costs no second read: mean_t(K - mu_K) over a block = mean_t(K) - mu_K, and the block
 sums of V - mu_V are sum_t(V) - len * mu_V. mu_K and mu_V themselves (and V's centred absmax) follow
@@ -44,7 +44,13 @@ import triton
 import triton.language as tl
 
 from workbench.attention.layout import InputError, SegmentLayout, check_qkv
-from workbench.attention.sparsity import LOG2E, sol_exact, sol_scores, sol_threshold, vsa_select
+from workbench.attention.sparsity import (
+    LOG2E,
+    sol_exact,
+    sol_scores,
+    sol_threshold,
+    vsa_keep_count,
+)
 from workbench.recipes import AttentionRecipe, get_recipe
 
 from .e4m3 import interpreting
@@ -264,23 +270,39 @@ LIST_PASS = ListPassConfig()
 @triton.jit
 def _lists_kernel(
     SCORES, THETA, MASK, BLOCKS, COUNTS, EXACT,
-    R, nq, nk, band, sink_blocks, stride_s, stride_m,
-    NK_PAD: tl.constexpr, ROWS: tl.constexpr, SOL: tl.constexpr,
+    R, nq, nk, band, sink_blocks, keep, stride_s, stride_m,
+    NK_PAD: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, EXEMPT: tl.constexpr,
 ):
-    """ROWS list rows r = (b * H + h) * nq + i per program. SOL: decide exact = score > theta |
-    |i - j| <= band | j < sink_blocks (``sol_exact``) and store it; else read the mask. Then the
-    compaction of ``compact_blocks``: exact blocks to cs - 1, the others to count + j - cs."""
+    """ROWS list rows r = (b * H + h) * nq + i per program. MODE "sol": decide exact = score >
+    theta | |i - j| <= band | j < sink_blocks (``sol_exact``); "topk": VSA's ``keep`` largest
+    scores (``vsa_select``: with EXEMPT the sink blocks are kept besides and do not compete),
+    found as the keep-th value of the row sorted in one bitonic sort (ties at that value are all
+    kept: torch's top-k keeps only some of them); both store the decisions; "mask": read them.
+    Then the compaction of ``compact_blocks``: exact blocks to cs - 1, the others to
+    count + j - cs."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     j = tl.arange(0, NK_PAD)
     row_ok = r < R
     ok = row_ok[:, None] & (j < nk)[None, :]
     r64 = r.to(tl.int64)  # R * nk may pass 2^31 at long sequences
-    if SOL:
+    if MODE == "sol":
         s = tl.load(SCORES + r64[:, None] * stride_s + j[None, :], mask=ok, other=0.0)
         theta = tl.load(THETA + r, mask=row_ok, other=0.0)
         i = r % nq
         exact = ((s > theta[:, None]) | (tl.abs(i[:, None] - j[None, :]) <= band)
                  | (j < sink_blocks)[None, :])
+    elif MODE == "topk":
+        compete = ok
+        if EXEMPT:
+            compete = compete & (j >= sink_blocks)[None, :]
+        s = tl.load(SCORES + r64[:, None] * stride_s + j[None, :], mask=compete,
+                    other=float("-inf"))
+        s = tl.where(compete, s, float("-inf"))
+        ranked = tl.sort(s, dim=1, descending=True)
+        kth = tl.max(tl.where((j == keep - 1)[None, :], ranked, float("-inf")), axis=1)
+        exact = compete & (s >= kth[:, None])
+        if EXEMPT:
+            exact = exact | (j < sink_blocks)[None, :]
     else:
         exact = tl.load(MASK + r64[:, None] * stride_m + j[None, :], mask=ok, other=0) != 0
     exact = exact & ok  # padding columns are not exact: their pos lands past nk, masked
@@ -291,29 +313,31 @@ def _lists_kernel(
     row = r64[:, None] * nk
     tl.store(BLOCKS + row + pos, tl.broadcast_to(j[None, :], [ROWS, NK_PAD]), mask=ok)
     tl.store(COUNTS + r, count, mask=row_ok)
-    if SOL:
+    if MODE != "mask":
         tl.store(EXACT + row + j[None, :], exact.to(tl.uint8), mask=ok)
 
 
 def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
-                  sink_blocks=0, mask=None):
-    """R list rows of nk key blocks: Sol from scores [R, nk] / theta [R], else from the bool mask
-    [R, nk] (unit stride along nk) -> (blocks [R, nk] int32, counts [R] int32, exact)."""
-    sol = mask is None
+                  sink_blocks=0, mask=None, keep=None, exempt=False):
+    """R list rows of nk key blocks: Sol from scores [R, nk] / theta [R], VSA's top ``keep`` of
+    scores [R, nk], or from the bool mask [R, nk] (unit stride along nk) -> (blocks [R, nk]
+    int32, counts [R] int32, exact)."""
+    mode = "mask" if mask is not None else ("topk" if keep is not None else "sol")
     blocks = torch.empty((R, nk), dtype=torch.int32, device=device)
     counts = torch.empty((R,), dtype=torch.int32, device=device)
-    exact = torch.empty((R, nk), dtype=torch.bool, device=device) if sol else mask
+    exact = mask if mode == "mask" else torch.empty((R, nk), dtype=torch.bool, device=device)
     if R == 0:
         return blocks, counts, exact
     rows = config.rows
     if rows < 1 or rows & (rows - 1):
         raise ValueError(f"ListPassConfig.rows: {rows} is not a power of two")
-    # the unused operand's pointer is another tensor of the call (SOL is constexpr: never read)
-    src = scores if sol else mask.view(torch.uint8)
+    # an unused operand's pointer is another tensor of the call (MODE is constexpr: never read)
+    src = mask.view(torch.uint8) if mode == "mask" else scores
     _lists_kernel[(triton.cdiv(R, rows),)](
-        src, theta if sol else counts, src, blocks, counts, exact.view(torch.uint8),
-        R, nq, nk, band, sink_blocks, src.stride(0), src.stride(0),
-        NK_PAD=triton.next_power_of_2(nk), ROWS=rows, SOL=sol, num_warps=config.num_warps,
+        src, theta if mode == "sol" else counts, src, blocks, counts, exact.view(torch.uint8),
+        R, nq, nk, band, sink_blocks, keep or 0, src.stride(0), src.stride(0),
+        NK_PAD=triton.next_power_of_2(nk), ROWS=rows, MODE=mode, EXEMPT=bool(exempt),
+        num_warps=config.num_warps,
     )
     return blocks, counts, exact
 
@@ -353,6 +377,29 @@ def mask_lists(exact: torch.Tensor, *, config: ListPassConfig = LIST_PASS
         mask = mask.contiguous()
     blocks, counts, _ = _launch_lists(mask.shape[0], 1, nk, exact.device, config, mask=mask)
     return blocks.view(exact.shape), counts.view(exact.shape[:-1])
+
+
+def vsa_lists(scores: torch.Tensor, keep: int, sink_blocks: int, exempt: bool, *,
+              config: ListPassConfig = LIST_PASS
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """VSA's selection and lists in one pass: scores [..., nk] FP32 (coarse scores of tile
+    means), the top ``keep`` per row; exempt: the first ``sink_blocks`` tiles are kept besides
+    and do not compete ("exempt" prefix), else all tiles compete -> (blocks [..., nk] int32,
+    counts [...] int32, exact [..., nk] bool), equal to ``compact_blocks(vsa_select(...))`` up
+    to ties at the keep-th score (all tied tiles are kept)."""
+    nk = scores.shape[-1]
+    competing = nk - (sink_blocks if exempt else 0)
+    if not 1 <= keep <= competing:
+        raise ValueError(f"vsa_lists: keep {keep} not in [1, {competing}] (competing tiles)")
+    if scores.dtype != torch.float32:
+        raise ValueError(f"vsa_lists: scores are {scores.dtype}, expected float32")
+    scores2 = scores.reshape(-1, nk)
+    if scores2.stride(-1) != 1:
+        scores2 = scores2.contiguous()
+    blocks, counts, exact = _launch_lists(scores2.shape[0], 1, nk, scores.device, config,
+                                          scores=scores2, keep=int(keep),
+                                          sink_blocks=int(sink_blocks), exempt=exempt)
+    return blocks.view(scores.shape), counts.view(scores.shape[:-1]), exact.view(scores.shape)
 
 
 def sink_blocks(prefix_len: int, block: int) -> int:
@@ -452,8 +499,15 @@ def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     kbar = _expand(sums.ksum / sums.lens[:, None], H // Hkv)
     scores = (sums.qbar @ kbar.transpose(-1, -2)) * scale
-    exact = vsa_select(scores, recipe, layout.prefix_len)
-    blocks, counts = mask_lists(exact)
+    nk = scores.shape[-1]
+    n_sink = min(nk, sink_blocks(layout.prefix_len, recipe.vsa_tile))
+    exempt = recipe.vsa_prefix == "exempt" and n_sink > 0
+    keep = vsa_keep_count(recipe, nk, n_sink)
+    if exempt and n_sink == nk:  # every tile is prefix: all kept (vsa_select's mask |= prefix)
+        exact = torch.ones_like(scores, dtype=torch.bool)
+        blocks, counts = mask_lists(exact)
+    else:
+        blocks, counts, exact = vsa_lists(scores, keep, n_sink, exempt)
     return BlockRouting(blocks, counts, exact, recipe.vsa_tile, sums.lens)
 
 
