@@ -14,11 +14,12 @@ Which part runs where:
   twin's own ``sol_scores``, so the decisions are the twin's given the same sums).
 - Triton (``_lists_kernel``, one pass, ``ListPassConfig.rows`` list rows (b, h, i) per program):
   Sol's decisions (score > theta, the diagonal band, the sink: bitwise ``sol_exact``) or VSA's
-  top-k (the keep-th largest score of the row from one bitonic sort: ``vsa_select`` up to ties
-  at that score), and their compaction into the per-query-block lists (one cumsum over the
-  power-of-two padded row and a scattered store: bitwise ``compact_blocks``, the torch twin kept
-  for tests). At the H3 shape on an H200 the torch part took 1.13 ms for Sol and 1.59 ms for
-  VSA (torch.topk and a dozen ops over [B, H, nq, nk]); with the Sol pass 0.47 ms (2026-12-01).
+  top-k (the keep-th largest score of the row by a bitwise descent over its order-preserving
+  integer keys: ``vsa_select`` up to ties at that score), and their compaction into the
+  per-query-block lists (one cumsum over the power-of-two padded row and a scattered store:
+  bitwise ``compact_blocks``, the torch twin kept for tests). At the H3 shape on an H200 the
+  torch part took 1.13 ms for Sol and 1.59 ms for VSA (torch.topk and a dozen ops over
+  [B, H, nq, nk]); with the list pass Sol's routing takes 0.48 ms (2026-12-01).
 
 K centring costs no second read: mean_t(K - mu_K) over a block = mean_t(K) - mu_K, and the block
 sums of V - mu_V are sum_t(V) - len * mu_V. mu_K and mu_V themselves (and V's centred absmax) follow
@@ -276,8 +277,8 @@ def _lists_kernel(
     """ROWS list rows r = (b * H + h) * nq + i per program. MODE "sol": decide exact = score >
     theta | |i - j| <= band | j < sink_blocks (``sol_exact``); "topk": VSA's ``keep`` largest
     scores (``vsa_select``: with EXEMPT the sink blocks are kept besides and do not compete),
-    found as the keep-th value of the row sorted in one bitonic sort (ties at that value are all
-    kept: torch's top-k keeps only some of them); both store the decisions; "mask": read them.
+    every score at least the keep-th largest (ties at that value are all kept: torch's top-k
+    keeps only some of them); both store the decisions; "mask": read them.
     Then the compaction of ``compact_blocks``: exact blocks to cs - 1, the others to
     count + j - cs."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -297,10 +298,17 @@ def _lists_kernel(
             compete = compete & (j >= sink_blocks)[None, :]
         s = tl.load(SCORES + r64[:, None] * stride_s + j[None, :], mask=compete,
                     other=float("-inf"))
-        s = tl.where(compete, s, float("-inf"))
-        ranked = tl.sort(s, dim=1, descending=True)
-        kth = tl.max(tl.where((j == keep - 1)[None, :], ranked, float("-inf")), axis=1)
-        exact = compete & (s >= kth[:, None])
+        # the keep-th largest score by a bitwise descent on order-preserving uint32 keys (32
+        # counts per row; a bitonic sort of the row, tl.sort, takes ~45 compare-exchange stages)
+        bits = tl.where(compete, s, float("-inf")).to(tl.uint32, bitcast=True)
+        flip = tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+        key = bits ^ flip
+        kth = tl.zeros([ROWS], tl.uint32)
+        for b in tl.static_range(31, -1, -1):
+            cand = kth | (1 << b)
+            n_ge = tl.sum((key >= cand[:, None]).to(tl.int32), axis=1)
+            kth = tl.where(n_ge >= keep, cand, kth)
+        exact = compete & (key >= kth[:, None])
         if EXEMPT:
             exact = exact | (j < sink_blocks)[None, :]
     else:
