@@ -134,13 +134,13 @@ class SparseConfig:
     rounded to before).
     maxnreg: the register cap of the exact-tile launch (None: none); the separate summary pass
     runs uncapped.
-    Offline sm_90 compiles (scripts/sass_stats.py, 2026-11-30), SASS instructions of the main
-    loop per 128 exact keys: dense 512 (168 registers); sparse, no cap: 587 (255 registers, no
-    spills; the two 64-key TMA boxes are joined through shared memory), 64-key tiles 2 x 352
-    (dense 64-key tiles 2 x 341), gathered loads 1246 with 1.5 KB of spills; TF32 summary
-    operands make ptxas serialize the wgmmas (BF16 operands do not).
-    Not measured on the H200 yet: the defaults are the expected choices, to be settled by
-    ``workbench.bench.sparse``.
+    Measured on the H200 at the H3 shape, Sol tau 1 (density 0.149), full calls (BENCHMARKS.md,
+    2026-12-01): the defaults 11.7 ms; heavy-first 12.7, kv_splits 2 11.9, no register cap 11.9,
+    gathered loads 12.6, summary chunk 16 / 64 11.8 / 11.7 (chunk 64 within noise, kept 32).
+    Offline sm_90 compiles (scripts/sass_stats.py), SASS instructions of the main loop per 128
+    exact keys: dense 512 (168 registers); sparse with two TMA boxes 600 (168 registers, a few
+    spills in the loop; 591 without the cap, which measured slower), gathered loads 1321; TF32
+    summary operands make ptxas serialize the wgmmas (BF16 operands do not).
     """
 
     schedule: str = "rows"
