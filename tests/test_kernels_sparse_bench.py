@@ -88,6 +88,25 @@ def test_sparse_arguments():
     assert exc.value.code == 2
 
 
+def test_workbench_bench_has_sparse_and_dit_subcommands(capsys):
+    """`workbench bench sparse|dit` parse into the modules' own options and runners; the dense
+    bench keeps its options without a subcommand; bad values are refused before any GPU work."""
+    from workbench.cli import build_parser, main
+
+    parser = build_parser()
+    a = parser.parse_args(["bench", "sparse", "--densities", "0.1", "0.5", "--no-sweep"])
+    assert a.func is sparse.run_args and a.densities == [0.1, 0.5] and a.no_sweep
+    assert sparse.config_from_args(a).densities == (0.1, 0.5)
+    d = parser.parse_args(["bench", "dit", "--blocks", "2"])
+    assert d.func is dit.run_args and d.blocks == 2
+    dense = parser.parse_args(["bench", "--rows", "8"])
+    assert dense.bench_kind is None and dense.rows == 8 and dense.func.__module__.endswith("cli")
+    assert main(["bench", "sparse", "--densities", "1.5"]) != 0
+    assert "--densities" in capsys.readouterr().err
+    assert main(["bench", "dit", "--blocks", "0"]) != 0
+    assert "--blocks" in capsys.readouterr().err
+
+
 def test_dit_table_and_arguments(capsys):
     report = {"config": {"blocks": 4, "repeats": 5}, "seq_len": 32626, "rows": [
         dict(variant="sdpa_cudnn", ms=415.0, x_cudnn=1.0),

@@ -1,6 +1,8 @@
 """``workbench bench``: side-by-side attention timings on the GPU, JSON + a markdown table.
 
     workbench bench --shapes 1,32626,56,128 1,8192,56,128 --json out.json --markdown out.md
+    workbench bench sparse --json sparse.json --markdown sparse.md   # Sol / VSA (bench.sparse)
+    workbench bench dit --blocks 4                                    # H3 DiT step (bench.dit)
 
 Peers (``--peers``, each skipped with its reason when it does not run here): SDPA cuDNN,
 FlashAttention-3 BF16 / FP8, cuDNN FP8, SageAttention2 SM90; then the FP8 recipes (``--recipes``,
@@ -22,9 +24,23 @@ __all__ = ["DEFAULT_SHAPES", "main", "markdown", "parse_shape", "register", "run
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="time FP8 attention kernels against peers (GPU)")
+    from . import dit, sparse
+
+    p = subparsers.add_parser(
+        "bench", help="time FP8 attention kernels against peers (GPU)",
+        description="Dense FP8 recipes against their peers (the options below); "
+                    "`workbench bench sparse` for block-sparse Sol / VSA at the H3 shape, "
+                    "`workbench bench dit` for the full-width H3 DiT step.")
     add_arguments(p)
     p.set_defaults(func=main)
+    kinds = p.add_subparsers(dest="bench_kind", metavar="{sparse,dit}")
+    sp = kinds.add_parser("sparse", help="block-sparse Sol / VSA against dense FP8, SDPA cuDNN "
+                                         "and NVIDIA's sol_attn at the H3 shape (GPU)")
+    sparse.add_arguments(sp)
+    sp.set_defaults(func=sparse.run_args)
+    dt = kinds.add_parser("dit", help="the full-width H3 DiT step per attention variant (GPU)")
+    dit.add_arguments(dt)
+    dt.set_defaults(func=dit.run_args)
 
 
 def add_arguments(p) -> None:

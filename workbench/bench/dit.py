@@ -1,7 +1,8 @@
 """One DiT step at full H3 width: diffusers' ``MiniMaxH3Transformer3DModel`` forward time with SDPA
 cuDNN, with the dense FP8 kernel and with FP8 Sol at target densities (GPU).
 
-    python -m workbench.bench.dit --blocks 4 --json dit.json
+    workbench bench dit --blocks 4 --json dit.json
+    python -m workbench.bench.dit ...   (the same)
 
 Model: diffusers' defaults are H3's width (56 heads x 128, hidden 5376, FFN 14336, 2 refiner
 blocks); ``blocks`` transformer blocks with seeded random weights in bf16, H3's float32 modules
@@ -226,26 +227,44 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workbench.bench.dit",
-                                description="H3 DiT forward time per attention variant (GPU)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``python -m workbench.bench.dit`` and ``workbench bench dit``."""
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--densities", type=float, nargs="+", default=list(DENSITIES))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
-    args = p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before any GPU work (ValueError naming the option)."""
     if args.blocks < 1 or args.repeats < 1:
-        p.error("--blocks and --repeats must be >= 1")
+        raise ValueError("--blocks and --repeats must be >= 1")
     bad = [d for d in args.densities if not 0.0 < d <= 1.0]
     if bad:
-        p.error(f"--densities: {bad} not in (0, 1]")
+        raise ValueError(f"--densities: {bad} not in (0, 1]")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workbench.bench.dit",
+                                description="H3 DiT forward time per attention variant (GPU)")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    return run_args(parse_args(argv))
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Run from parsed options (``workbench bench dit``)."""
+    check_args(args)
     cfg = DitBenchConfig(blocks=args.blocks, densities=tuple(args.densities),
                          repeats=args.repeats, budget_s=args.budget_s)
     report = run(cfg)

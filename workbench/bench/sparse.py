@@ -1,7 +1,8 @@
 """Block-sparse attention at the H3 shape: FP8 Sol and VSA against dense FP8, SDPA cuDNN BF16 and
 NVIDIA's BF16 Sol attention, on synthetic H3 inputs (GPU).
 
-    python -m workbench.bench.sparse --json sparse.json --markdown sparse.md
+    workbench bench sparse --json sparse.json --markdown sparse.md
+    python -m workbench.bench.sparse ...   (the same)
 
 Inputs: ``workbench.synthetic.synthetic_qkv`` at the live shape (1, 32626, 56, 128) with its
 layout (370 prefix rows: the Sol sink and the BF16 prefix rows), or ``--seq`` for a smaller
@@ -419,9 +420,8 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workbench.bench.sparse",
-                                description="block-sparse attention at the H3 shape (GPU)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``python -m workbench.bench.sparse`` and ``workbench bench sparse``."""
     p.add_argument("--heads", type=int, default=56, help="query (= K/V) heads")
     p.add_argument("--seq", type=int, default=None,
                    help="sequence length of a small synthetic layout (default: live H3)")
@@ -440,12 +440,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="cpu: a smoke run of the plumbing (set TRITON_INTERPRET=1)")
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
-    args = p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad options before any GPU work (ValueError naming the option)."""
     bad = [d for d in args.densities if not 0.0 < d <= 1.0]
     if bad:
-        p.error(f"--densities: {bad} not in (0, 1]")
+        raise ValueError(f"--densities: {bad} not in (0, 1]")
     if args.heads < 1 or args.rows < 1:
-        p.error("--heads and --rows must be >= 1")
+        raise ValueError("--heads and --rows must be >= 1")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workbench.bench.sparse",
+                                description="block-sparse attention at the H3 shape (GPU)")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -470,7 +484,12 @@ def write_report(report: dict, md: str, json_path: str | None, md_path: str | No
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    return run_args(parse_args(argv))
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Run from parsed options (``workbench bench sparse``)."""
+    check_args(args)
     report = run(config_from_args(args))
     write_report(report, markdown(report), args.json, args.markdown)
     return 0
