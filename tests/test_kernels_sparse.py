@@ -154,8 +154,7 @@ def test_sparse_config_rules_and_refusals():
     assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
     assert SparseConfig(kv_splits=2).splits_for(28560, 132) == 2
     for bad in (dict(schedule="random"), dict(kv_splits=3), dict(summary_precision="fp8"),
-                dict(summary_chunk=48), dict(summary_warps=6), dict(num_stages=0),
-                dict(summary_stages=5)):
+                dict(summary_chunk=48)):
         with pytest.raises(ValueError, match="SparseConfig"):
             SparseConfig(**bad)
     cfg = DEFAULT.from_overrides({"sparse": {"kv_splits": 4}})

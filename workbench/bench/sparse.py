@@ -131,10 +131,6 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("gathered loads", base.with_sparse(tma=False)),
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
-        ("exact tiles 3 stages", base.with_sparse(num_stages=3)),
-        ("summary 3 stages", base.with_sparse(summary_stages=3)),
-        ("summary 1 stage", base.with_sparse(summary_stages=1)),
-        ("summary 8 warps", base.with_sparse(summary_warps=8)),
     ]
 
 

@@ -151,9 +151,6 @@ class SparseConfig:
     summary_precision: str = "bf16"
     tma: bool = True
     maxnreg: int | None = 168
-    num_stages: int | None = None  # the exact-tile launch's pipeline depth (None: attention's)
-    summary_warps: int = 4
-    summary_stages: int | None = None  # the summary pass's pipeline depth (None: attention's)
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -164,12 +161,6 @@ class SparseConfig:
         if self.summary_precision not in SUMMARY_PRECISIONS:
             raise ValueError(f"SparseConfig.summary_precision: {self.summary_precision!r}; "
                              f"choose one of {SUMMARY_PRECISIONS}")
-        for name in ("num_stages", "summary_stages"):
-            n = getattr(self, name)
-            if n is not None and not 1 <= n <= 4:
-                raise ValueError(f"SparseConfig.{name}: {n}; choose 1-4 or None")
-        if self.summary_warps not in (4, 8):
-            raise ValueError(f"SparseConfig.summary_warps: {self.summary_warps}; choose 4 or 8")
         if self.summary_chunk not in (16, 32, 64, 128):
             raise ValueError(f"SparseConfig.summary_chunk: {self.summary_chunk}; choose 16, 32, "
                              "64 or 128")
