@@ -6,7 +6,8 @@ made of it: registers, shared memory, spills and the instruction mix of the SASS
 Each argument is a JSON object of overrides of the default ``AttentionConfig`` (block_m, block_n,
 num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling`` (the recipe's P
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
-``QuantConfig.v_perm``). ``"sparse": true`` compiles the block-sparse specialization (routing
+``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse recipes' BF16 baselines).
+``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
 ``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
 launch's register cap); ``"summary_only": true`` compiles Sol's summary pass instead of the
@@ -45,7 +46,7 @@ SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk",
 
 def compile_sm90(overrides: dict):
     """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
-    extra = {k: overrides[k] for k in ("p_scaling", "perm_p") if k in overrides}
+    extra = {k: overrides[k] for k in ("p_scaling", "perm_p", "bf16") if k in overrides}
     sp = {k: overrides[k] for k in SPARSE_KEYS if k in overrides}
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
                                                     if k not in extra and k not in sp})
@@ -58,11 +59,11 @@ def compile_sm90(overrides: dict):
     bm, bn = cfg.block_m, cfg.block_n
     tma = scfg.tma if sparse else cfg.use_tma
     box = 64 if sparse else bn  # the sparse tiles load one TMA box per 64-key block
-    types = ["*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp32", "*bf16",
-             "*fp32"]
+    op = "bf16" if extra.get("bf16") else "fp8e4nv"  # the BF16 baselines' operands
+    types = [f"*{op}", "*fp32", f"*{op}", "*fp32", f"*{op}", "*fp32", "*fp32", "*bf16", "*fp32"]
     if tma:
-        types += [f"tensordesc<fp8e4nv[{bm}, 128]>", f"tensordesc<fp8e4nv[{box}, 128]>",
-                  f"tensordesc<fp8e4nv[128, {box}]>"]
+        types += [f"tensordesc<{op}[{bm}, 128]>", f"tensordesc<{op}[{box}, 128]>",
+                  f"tensordesc<{op}[128, {box}]>"]
     else:
         types += ["constexpr"] * 3
     types += ["i32"] * 5 + ["fp32"] + ["i32"] * 3
@@ -84,7 +85,7 @@ def compile_sm90(overrides: dict):
                IMP_QK=-1 if pv_fma else min(cfg.max_imprecise, 128),
                IMP_PV=min(cfg.max_imprecise, bn), WRITE_LSE=False, OUT_F32=False,
                USE_TMA=tma, PV_FMA=pv_fma,
-               PERM_P=bool(extra.get("perm_p", DEFAULT.quant.v_perm)),
+               PERM_P=bool(extra.get("perm_p", DEFAULT.quant.v_perm)) and not extra.get("bf16"),
                P_LOG2_SCALE=P_LOG2_SCALES[extra.get("p_scaling", "unit")], INTERPRET=False,
                SPARSE=sparse, SUMMARY=summary_only,
                WORK_LIST=work_list, KV_SPLITS=1, SUM_CHUNK=scfg.summary_chunk,

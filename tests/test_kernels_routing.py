@@ -53,6 +53,8 @@ def synthetic(S, H, Hkv, D, seed=0, prefix=(0, 0), device=None):
     text, audio = prefix
     layout = SegmentLayout(text=text, audio=audio, video=S - text - audio)
     q, k, v = synthetic_qkv(cfg, device=device)
+    # synthetic_qkv gives each query head its K/V head; keep one per GQA group (real GQA)
+    k, v = k[:, :, :: H // Hkv].contiguous(), v[:, :, :: H // Hkv].contiguous()
     return q, k, v, layout
 
 

@@ -41,6 +41,8 @@ def synthetic(S, H, Hkv, D, seed=0, prefix=(10, 40), device=None):
     cfg = small_config(S, heads=H, kv_heads=Hkv, head_dim=D, rotated=96 if D >= 128 else 48,
                        seed=seed)
     q, k, v = synthetic_qkv(cfg, device=device)
+    # synthetic_qkv gives each query head its K/V head; keep one per GQA group (real GQA)
+    k, v = k[:, :, :: H // Hkv].contiguous(), v[:, :, :: H // Hkv].contiguous()
     text, audio = prefix
     return q, k, v, SegmentLayout(text=text, audio=audio, video=S - text - audio)
 
@@ -97,6 +99,9 @@ CASES = [  # (S, H, Hkv, D, recipe)
     (400, 4, 2, 64, "fp8_sol_kv_corrected"),
     (333, 2, 2, 128, "fp8_sol_k:sol_threshold=diag,sol_tau=0.5,p_scaling=exp2_offset8"),
     (400, 2, 2, 64, "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3"),
+    # the BF16 baselines on the same loop (BF16 operands and P, no quantizer)
+    (400, 2, 2, 64, "vsa_bf16:vsa_keep=0.3"),
+    (333, 2, 1, 128, "bf16:sparsity=sol,sol_tau=0.5"),
 ]
 
 
@@ -163,6 +168,30 @@ def test_sparse_config_rules_and_refusals():
         DEFAULT.from_overrides({"sparsity": {}})
 
 
+def test_bf16_baselines_are_supported_only_as_they_are_emulated():
+    q, k, v, _ = synthetic(200, 2, 2, 64)
+    ok = dispatch.unsupported_reason
+    assert ok(q, k, v, get_recipe("vsa_bf16")) is None
+    assert ok(q, k, v, get_recipe("bf16:sparsity=sol")) is None
+    assert "unsmoothed" in ok(q, k, v, get_recipe("bf16:sparsity=sol,smoothing=kv"))
+    assert "bf16 operands" in ok(q.half(), k.half(), v.half(), get_recipe("vsa_bf16"))
+    assert "fp8_e4m3" in ok(q, k, v, get_recipe("bf16"))  # dense BF16: SDPA's job
+
+
+def test_bf16_operands_keep_the_values_in_the_kernel_layouts():
+    from workbench.kernels.quantize import bf16_operands, padded_len
+
+    q, k, v, _ = synthetic(200, 4, 2, 64)
+    ops = bf16_operands(q, k, v)
+    S_pad = padded_len(200)
+    assert ops.q8.shape == (1, 4, S_pad, 64) and ops.k8.shape == (1, 2, S_pad, 64)
+    assert ops.v8t.shape == (1, 2, 64, S_pad) and not ops.v_perm and ops.seq_len == 200
+    assert torch.equal(ops.q8[:, :, :200], q.transpose(1, 2))
+    assert torch.equal(ops.v8t[..., :200], v.permute(0, 2, 3, 1))
+    assert not ops.k8[:, :, 200:].any() and not ops.v8t[..., 200:].any()
+    assert bool((ops.q_scale == 1).all() and (ops.v_scale == 1).all()) and not ops.v_corr.any()
+
+
 @cpu_only
 def test_sparse_launch_refuses_mismatched_routing_and_tiles():
     q, k, v, layout = synthetic(200, 2, 2, 64)
@@ -199,6 +228,8 @@ hopper = pytest.mark.skipif(
      SparseConfig(kv_splits=1, schedule="rows")),
     ((2000, 4, 2, 64), "fp8_sol_kv_corrected:p_scaling=exp2_offset8",
      SparseConfig(kv_splits=2, summary_precision="ieee")),
+    ((4111, 4, 4, 128), "bf16:sparsity=sol", SparseConfig()),
+    ((2000, 4, 2, 64), "vsa_bf16:vsa_keep=0.2", SparseConfig(kv_splits=2)),
 ])
 def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
     S, H, Hkv, D = shape

@@ -221,11 +221,14 @@ def test_sparse_bench_smoke_run_on_the_cpu(tmp_path, capsys):
     report = json.loads((tmp_path / "r.json").read_text())
     assert (tmp_path / "r.md").read_text() in capsys.readouterr().out
     names = [r["variant"] for r in report["rows"]]
-    assert names == ["sdpa_cudnn_bf16", "ours fp8_dense_kv_corrected", "ours FP8 Sol exact",
-                     "ours FP8 VSA", "ours FP8 Sol exact", "ours FP8 VSA", "ours FP8 Sol exact"]
+    sol_rows = ["ours FP8 Sol exact", "ours BF16 Sol exact"]
+    assert names == ["sdpa_cudnn_bf16", "ours fp8_dense_kv_corrected", *sol_rows,
+                     "ours FP8 VSA", *sol_rows, "ours FP8 VSA", *sol_rows]
     assert all("kernel" in r["skipped"] for r in report["rows"][1:])  # no CPU kernels
     assert "sol_attn" in report["peer"]
-    sol = [r for r in report["rows"] if r["route"] == "sol"]
+    bf16 = [r for r in report["rows"] if "BF16 Sol" in r["variant"]]
+    sol = [r for r in report["rows"] if r["variant"] == "ours FP8 Sol exact"]
+    assert [r["tau"] for r in bf16] == [r["tau"] for r in sol]
     assert abs(sol[0]["density"] - 0.6) <= 0.05 and sol[1]["density"] == 1.0
     assert sol[1]["tau"] == -math.inf and sol[2]["tau"] == 2.0 and sol[2]["density"] < 0.6
     vsa = [r for r in report["rows"] if r["route"] == "vsa"]

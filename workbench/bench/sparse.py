@@ -18,7 +18,8 @@ on ``rows`` evenly spaced query rows (prefix rows included); "emu" is the recipe
 (``recipe_attention``, the kernels' twin) on the same rows:
 - ``sdpa_cudnn_bf16`` (dense), ours ``fp8_dense_kv_corrected`` (dense, full call);
 - ours FP8 Sol / FP8 VSA per density (``run_attention(..., backend="kernel")``; a row says
-  "skipped" with the reason while no sparse kernel supports the recipe);
+  "skipped" with the reason while no sparse kernel supports the recipe), and BF16 Sol on the same
+  loop (``bf16:sparsity=sol``: what NVIDIA's BF16 kernel computes);
 - NVIDIA ``sol_attn`` (CuTe DSL, SM90, BF16; optional: timed when importable, e.g. the caller puts
   it on PYTHONPATH) at the same tau, threshold and sink (``sink_start=0, sink_tokens=prefix``);
   its density column is our routing's at that tau;
@@ -64,6 +65,7 @@ class SparseBenchConfig:
     anchor_taus: tuple[float, ...] = (1.0,)  # Sol rows at these taus too (the recipe's default)
     sweep: bool = True  # time the sparse kernel's options (config.SparseConfig) at the anchor
     stages: bool = True  # time each pass of one call at the anchor (``stage_times``)
+    bf16: bool = True  # BF16 Sol rows (the same loop with BF16 operands) beside the FP8 ones
     sol_recipe: str = SOL_RECIPE  # the base of the Sol and VSA rows (tau / keep set per density)
     dense_recipe: str = DENSE_RECIPE
     device: str = "cuda"  # "cpu": a smoke run of the plumbing (routing in Triton's interpreter)
@@ -328,6 +330,12 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         record(f"ours FP8 Sol {cfg.threshold}", lambda sol=sol: run_attention(
             q, k, v, sol, layout=layout, backend="kernel"), route="sol", density=dens,
             tau=sol.sol_tau, emu=emulate(sol))
+        if cfg.bf16:  # the BF16 baseline on the same loop (NVIDIA's kernel is BF16 too)
+            b16 = get_recipe("bf16").with_(sparsity="sol", sol_tau=sol.sol_tau,
+                                           sol_threshold=cfg.threshold)
+            record(f"ours BF16 Sol {cfg.threshold}", lambda b16=b16: run_attention(
+                q, k, v, b16, layout=layout, backend="kernel"), route="sol", density=dens,
+                tau=sol.sol_tau, emu=emulate(b16))
         if vsa is not None:
             record("ours FP8 VSA", lambda vsa=vsa: run_attention(
                 q, k, v, vsa, layout=layout, backend="kernel"), route="vsa", density=dens_v,
@@ -434,6 +442,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip NVIDIA's sol_attn")
     p.add_argument("--no-sweep", action="store_true", help="skip the sparse kernel's options")
     p.add_argument("--no-stages", action="store_true", help="skip the per-pass times")
+    p.add_argument("--no-bf16", action="store_true", help="skip the BF16 Sol rows")
     p.add_argument("--taus", type=float, nargs="*", default=[1.0],
                    help="Sol rows (and NVIDIA's) at these taus too")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -469,6 +478,7 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
                              rows=args.rows, rep_ms=args.rep_ms, emulate=not args.no_emulate,
                              peer=not args.no_peer, budget_s=args.budget_s, device=args.device,
                              sweep=not args.no_sweep, stages=not args.no_stages,
+                             bf16=not args.no_bf16,
                              anchor_taus=tuple(args.taus))
 
 

@@ -87,7 +87,7 @@ def _key_tile(n0, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
     else:
         k = tl.load(K8 + (kbase + n0 + offs_n)[:, None] * HEAD_D + d[None, :])
         v = tl.load(V8T + (vbase + d)[None, :] * S_pad + (n0 + offs_n)[:, None])
-    raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
+    raw = _dot_fp8(q, tl.trans(k), None, IMP_QK, ROUND_P == 2)
     s0 = tl.load(SK + skbase + n0 // SCALE_BLOCK)
     s1 = s0
     if BLOCK_N != SCALE_BLOCK:
@@ -131,7 +131,7 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
         else:  # gathered rows: the tile's token index per key
             k = tl.load(K8 + (kbase + tok)[:, None] * HEAD_D + d[None, :])
             v = tl.load(V8T + (vbase + d)[None, :] * S_pad + tok[:, None])
-        raw = _dot_fp8(q, tl.trans(k), None, IMP_QK)
+        raw = _dot_fp8(q, tl.trans(k), None, IMP_QK, ROUND_P == 2)
         s0 = tl.load(SK + skbase + j0)
         s1 = tl.load(SK + skbase + j1)
         key_ok = tok < S
@@ -164,8 +164,8 @@ def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
         j1 = tl.load(lst + e + 1)
     k0 = kd.load([kbase + j0 * SCALE_BLOCK, 0])
     k1 = kd.load([kbase + j1 * SCALE_BLOCK, 0])
-    raw0 = _dot_fp8(q, tl.trans(k0), None, IMP_QK)
-    raw1 = _dot_fp8(q, tl.trans(k1), None, IMP_QK)
+    raw0 = _dot_fp8(q, tl.trans(k0), None, IMP_QK, ROUND_P == 2)
+    raw1 = _dot_fp8(q, tl.trans(k1), None, IMP_QK, ROUND_P == 2)
     s0 = tl.load(SK + skbase + j0)
     s1 = tl.load(SK + skbase + j1)
     if MASK_KEYS:
@@ -178,18 +178,21 @@ def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
     p0 = tl.math.exp2(tl.fma(raw0, (qs * s0)[:, None], -mq[:, None]))
     p1 = tl.math.exp2(tl.fma(raw1, (qs * s1)[:, None], -mq[:, None]))
     l_i = l_i * alpha + (tl.sum(p0, axis=1) + tl.sum(p1, axis=1))
-    if ROUND_P:
-        p0 = round_p_to_e4m3(p0)
-        p1 = round_p_to_e4m3(p1)
+    p0 = _round_p(p0, ROUND_P)
+    p1 = _round_p(p1, ROUND_P)
     v0 = tl.trans(vd.load([vbase, j0 * SCALE_BLOCK]))
     v1 = tl.trans(vd.load([vbase, j1 * SCALE_BLOCK]))
     if PV_FMA:
-        pv = _dot_fp8(_p_operand(p0, SCALE_BLOCK, PERM_P), v0, None, -1)
-        pv = _dot_fp8(_p_operand(p1, SCALE_BLOCK, PERM_P), v1, pv, -1)
+        pv = _dot_fp8(_p_operand(p0, SCALE_BLOCK, PERM_P).to(v0.dtype), v0, None, -1,
+                      ROUND_P == 2)
+        pv = _dot_fp8(_p_operand(p1, SCALE_BLOCK, PERM_P).to(v1.dtype), v1, pv, -1,
+                      ROUND_P == 2)
         acc = acc * alpha[:, None] + pv
     else:
-        acc = _dot_fp8(_p_operand(p0, SCALE_BLOCK, PERM_P), v0, acc * alpha[:, None], IMP_PV)
-        acc = _dot_fp8(_p_operand(p1, SCALE_BLOCK, PERM_P), v1, acc, IMP_PV)
+        acc = _dot_fp8(_p_operand(p0, SCALE_BLOCK, PERM_P).to(v0.dtype), v0,
+                       acc * alpha[:, None], IMP_PV, ROUND_P == 2)
+        acc = _dot_fp8(_p_operand(p1, SCALE_BLOCK, PERM_P).to(v1.dtype), v1, acc, IMP_PV,
+                       ROUND_P == 2)
     return acc, l_i, m_cand
 
 
@@ -289,8 +292,7 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
     if not PV_FMA:
         acc = acc * alpha[:, None]
     m_i = m_cand
-    if ROUND_P:
-        p = round_p_to_e4m3(p)
+    p = _round_p(p, ROUND_P)
     if PV_FMA:
         # This tile's P @ V (one BLOCK_N-long FP8 chain) lands in a fresh accumulator and is
         # flushed into the FP32 output accumulator by one FMA with the rescale: the per-tile flush
@@ -298,30 +300,52 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
         # instruction reads a wgmma accumulator mid-pipeline (with triton's bound, ptxas 12.x/13
         # serializes every wgmma of the kernel: C7514, "non wgmma instructions reading
         # accumulator registers").
-        pv = _dot_fp8(_p_operand(p, BLOCK_N, PERM_P), v, None, -1)
+        pv = _dot_fp8(_p_operand(p, BLOCK_N, PERM_P).to(v.dtype), v, None, -1, ROUND_P == 2)
         acc = acc * alpha[:, None] + pv
     else:
-        acc = _dot_fp8(_p_operand(p, BLOCK_N, PERM_P), v, acc, IMP_PV)
+        acc = _dot_fp8(_p_operand(p, BLOCK_N, PERM_P).to(v.dtype), v, acc, IMP_PV, ROUND_P == 2)
     return acc, l_i, m_i
 
 
 @triton.jit
+def _round_p(p, ROUND_P: tl.constexpr):
+    """The interpreter's casts mis-round (fp8) or truncate (bf16): ROUND_P = 1 rounds P onto the
+    E4M3 grid, 2 onto the BF16 grid first, with explicit bit arithmetic; 0 (GPU): the hardware
+    cast rounds to nearest even by itself."""
+    if ROUND_P == 1:
+        p = round_p_to_e4m3(p)
+    elif ROUND_P == 2:
+        p = round_to_bf16(p)
+    return p
+
+
+@triton.jit
 def _p_operand(p, BLOCK_N: tl.constexpr, PERM_P: tl.constexpr):
-    """P [BLOCK_M, BLOCK_N] float32 -> the E4M3 A operand of P @ V. PERM_P: reorder the keys
-    within every 32-key group as k -> (k4, k1, k3, k2, k0) bits, the order in which a thread's
-    wgmma accumulator registers already hold the operand's keys; V^T is stored in the same order
-    (``QuantConfig.v_perm``), so the product is unchanged and the registers need not move."""
+    """P [BLOCK_M, BLOCK_N] float32 -> the A operand of P @ V before its cast to V's type (E4M3,
+    or BF16 for the BF16 operands). PERM_P: reorder the keys within every 32-key group as
+    k -> (k4, k1, k3, k2, k0) bits, the order in which a thread's wgmma accumulator registers
+    already hold the operand's keys; V^T is stored in the same order (``QuantConfig.v_perm``),
+    so the product is unchanged and the registers need not move."""
     if PERM_P:
         bm: tl.constexpr = p.shape[0]
         p5 = tl.reshape(p, [bm, BLOCK_N // 32, 2, 2, 2, 2, 2])
         p = tl.reshape(tl.permute(p5, (0, 1, 2, 4, 5, 3, 6)), [bm, BLOCK_N])
-    return p.to(tl.float8e4nv)
+    return p
 
 
 @triton.jit
-def _dot_fp8(a, b, acc, IMP: tl.constexpr):
-    """FP8 wgmma with FP32 output. IMP >= 0: triton's max_num_imprecise_acc bound; -1: triton's
-    sm_90 default (no bound: the whole chain stays in the tensor core's accumulator)."""
+def _dot_fp8(a, b, acc, IMP: tl.constexpr, F32: tl.constexpr = False):
+    """FP8 (or BF16) wgmma with FP32 output. IMP >= 0: triton's max_num_imprecise_acc bound; -1:
+    triton's sm_90 default (no bound: the whole chain stays in the tensor core's accumulator).
+    F32: BF16 operands in the interpreter, whose BF16 dot is wrong: widened to FP32 (exact) and
+    multiplied with IEEE FP32 products, as the tensor cores' BF16 products are exact."""
+    if F32:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+        if acc is None:
+            return tl.dot(a, b, input_precision="ieee")
+        else:
+            return tl.dot(a, b, acc, input_precision="ieee")
     if IMP < 0:
         if acc is None:
             return tl.dot(a, b)
@@ -615,6 +639,10 @@ def fp8_attention_fwd(
         raise ValueError(f"flush='fma' flushes after head_dim={D} FP8 terms, more than "
                          f"max_imprecise={c.max_imprecise}; use flush='triton'")
     interp = interpreting()
+    bf16_ops = qkv.q8.dtype == torch.bfloat16  # quantize.bf16_operands: the BF16 baselines
+    if bf16_ops and c.flush != "fma":
+        raise ValueError("BF16 operands: flush='triton' bounds FP8 product chains only; use "
+                         "flush='fma'")
     num_stages = 1 if interp else c.num_stages
     assert S_pad % c.block_m == 0 and S_pad % c.block_n == 0
     if out is None:
@@ -645,7 +673,7 @@ def fp8_attention_fwd(
             out.stride(0), out.stride(1), out.stride(2),
             *args,
             HEAD_D=D, BLOCK_M=c.block_m, BLOCK_N=c.block_n, SCALE_BLOCK=64,
-            ROUND_P=interp,  # the interpreter's fp8 cast mis-rounds: explicit rounding there
+            ROUND_P=(2 if bf16_ops else 1) if interp else 0,  # _round_p
             IMP_QK=-1 if pv_fma else min(c.max_imprecise, D),
             IMP_PV=min(c.max_imprecise, c.block_n), WRITE_LSE=return_lse, OUT_F32=out_f32,
             USE_TMA=use_tma, PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),

@@ -3,7 +3,9 @@
 Torch twin: ``workbench.attention.recipe_attention`` (all rows) for the dense FP8 recipes
 ``fp8_dense``, ``fp8_dense_k``, ``fp8_dense_kv_corrected`` and variants of them with the
 dense-prefix replacement or a scaled P (``p_scaling``), and for the block-sparse FP8 recipes
-(``fp8_sol_*``, and FP8 recipes with ``sparsity="vsa"``; 64-token blocks). One dense call =
+(``fp8_sol_*``, and FP8 recipes with ``sparsity="vsa"``; 64-token blocks), and their BF16
+baselines on the same sparse loop (``vsa_bf16``, ``bf16:sparsity=sol``: BF16 operands and P, no
+quantizer, ``quantize.bf16_operands``). One dense call =
 statistics (``kv_stats``) -> centering + quantization (``quantize``) -> attention with the fused
 epilogue (``attention_fp8``) -> BF16 prefix rows (SDPA on the unquantized operands) copied into
 the same output. A sparse call takes its statistics from the routing's block sums instead (one
@@ -32,7 +34,7 @@ from . import routing
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
 from .config import DEFAULT, KernelConfig
 from .kv_stats import kv_stats
-from .quantize import quantize_qkv
+from .quantize import bf16_operands, quantize_qkv
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 
@@ -47,14 +49,27 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def is_bf16_sparse(recipe: AttentionRecipe) -> bool:
+    """A BF16 block-sparse recipe (``vsa_bf16``, ``bf16:sparsity=sol``): Q, K, V and P in BF16
+    without smoothing, the baseline the FP8 sparse recipes are compared with."""
+    r = recipe
+    return (r.sparsity in ("sol", "vsa") and r.qk_format == "bf16" and r.v_format == "bf16"
+            and r.p_format == "bf16")
+
+
 def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
     """None when the kernels implement `recipe` on these operands, else why not (one line)."""
     r = recipe
-    if r.qk_format != "fp8_e4m3" or r.qk_granularity != "block" or r.qk_block != 64:
-        return "Q/K must be fp8_e4m3 with 64-token block scales"
-    if r.v_format != "fp8_e4m3" or r.v_granularity != "channel":
+    if is_bf16_sparse(r):
+        if r.smoothing != "none" or r.v_bias_correction:
+            return "BF16 sparse recipes run unsmoothed (smoothing serves the FP8 quantization)"
+        if q.dtype != torch.bfloat16:
+            return "BF16 sparse recipes need bf16 operands"
+    elif r.qk_format != "fp8_e4m3" or r.qk_granularity != "block" or r.qk_block != 64:
+        return "Q/K must be fp8_e4m3 with 64-token block scales (or the BF16 sparse recipes)"
+    elif r.v_format != "fp8_e4m3" or r.v_granularity != "channel":
         return "V must be fp8_e4m3 with channel scales"
-    if r.p_format != "fp8_e4m3" or r.p_scaling not in P_LOG2_SCALES:
+    elif r.p_format != "fp8_e4m3" or r.p_scaling not in P_LOG2_SCALES:
         return f"P must be fp8_e4m3 with p_scaling one of {tuple(P_LOG2_SCALES)}"
     if r.hadamard:
         return "no Hadamard kernel"
@@ -113,9 +128,12 @@ def fp8_recipe_attention(
         mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
     else:
         mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale)
-    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
-                       smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
-                       config=config.quant)
+    if is_bf16_sparse(recipe):
+        qkv = bf16_operands(q, k, v)
+    else:
+        qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
+                           smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
+                           config=config.quant)
     prefix = layout.prefix_len if (recipe.dense_prefix and layout is not None) else 0
     out = torch.empty_like(q)
     out, lse = fp8_attention_fwd(qkv, num_heads=H, scale=scale, out=out, row_start=prefix,

@@ -232,6 +232,30 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
                         config.v_perm)
 
 
+def bf16_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> QuantizedQKV:
+    """The BF16 operands of the sparse recipes' BF16 baselines (``vsa_bf16``,
+    ``bf16:sparsity=sol``) in the FP8 operands' layouts, unquantized: q / k [B, H(kv), S_pad, D]
+    and V^T [B, Hkv, D, S_pad] in token order, zeros past S; unit scales and no correction, so
+    the attention kernel's scale folds and epilogue leave the values alone. q, k, v [B, S, H(kv),
+    D] bfloat16. One torch copy of each operand (no statistics pass, no quantizer)."""
+    B, S, H, D = q.shape
+    Hkv = k.shape[2]
+    S_pad = padded_len(S)
+    dev = q.device
+
+    def padded(x):
+        out = torch.zeros((B, x.shape[2], S_pad, D), dtype=torch.bfloat16, device=dev)
+        out[:, :, :S] = x.transpose(1, 2)
+        return out
+
+    vt = torch.zeros((B, Hkv, D, S_pad), dtype=torch.bfloat16, device=dev)
+    vt[..., :S] = v.permute(0, 2, 3, 1)
+    ones = torch.ones((B, H, S_pad // QK_BLOCK), dtype=torch.float32, device=dev)
+    return QuantizedQKV(padded(q), ones, padded(k), ones[:, :Hkv].contiguous(), vt,
+                        torch.ones((B, Hkv, D), dtype=torch.float32, device=dev),
+                        torch.zeros((B, Hkv, D), dtype=torch.float32, device=dev), S, False)
+
+
 def v_token_order(s_pad: int, perm: bool) -> torch.Tensor:
     """[s_pad] int64: the token held by each column of V^T (``_v_src_token`` in torch)."""
     t = torch.arange(s_pad)
