@@ -87,3 +87,37 @@ def test_generate_cli_and_bad_input(tmp_path, capsys):
     assert main(["generate", "--model", "h3-tiny", "--prompt", "a purple cube", "--steps", "3",
                  "--out", str(tmp_path / "x"), "--quiet"]) == 2
     assert "knows the classes" in capsys.readouterr().err
+
+
+def test_generate_and_compare_refuse_to_replace_earlier_results(tmp_path, capsys):
+    """A second run into the same --out is refused before any work, naming the file; the earlier
+    files keep their bytes; --overwrite replaces only the run's own files."""
+    import hashlib
+
+    def digest(p):
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    g = tmp_path / "g"
+    args = ["generate", "--model", "h3-tiny", "--prompt", "a green ball", "--steps", "2",
+            "--recipe", "bf16", "--out", str(g), "--quiet"]
+    assert main(args) == 0
+    (g / "notes.txt").write_text("mine")
+    before = {p.name: digest(p) for p in g.iterdir()}
+    capsys.readouterr()
+    assert main(args[:-1] + ["--seed", "7", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {g}: already holds video.mp4" in err and "--overwrite" in err
+    assert {p.name: digest(p) for p in g.iterdir()} == before
+    assert main(args[:-1] + ["--seed", "7", "--overwrite", "--quiet"]) == 0
+    after = {p.name: digest(p) for p in g.iterdir()}
+    assert after["notes.txt"] == before["notes.txt"] and after["clip.safetensors"] != before[
+        "clip.safetensors"]
+    # compare into a folder with an earlier comparison; --recipes into a non-empty folder
+    cmp = tmp_path / "cmp"
+    assert main(["compare", str(g), str(g), "--out", str(cmp)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(g), str(g), "--out", str(cmp)]) == 2
+    assert "already holds side_by_side.mp4" in capsys.readouterr().err
+    assert main(["compare", "--recipes", "bf16,fp8_dense", "--model", "h3-tiny", "--out",
+                 str(g), "--quiet"]) == 2
+    assert "not empty" in capsys.readouterr().err

@@ -135,6 +135,29 @@ def check_out_dir(path, flag: str = "--out") -> Path:
     return p
 
 
+CLIP_FILES = ("video.mp4", "audio.wav", "clip.safetensors", "config.json")  # generate.write_clip
+COMPARE_FILES = ("side_by_side.mp4", "metrics.json", "table.md", "curves.csv", "curves.svg")
+
+
+def check_no_clobber(path, names, *, flag: str = "--out", overwrite: bool = False) -> None:
+    """Refuse to write `names` into the folder `path` when it already holds one of them (an
+    earlier result), naming the file, unless `overwrite` (then those files are replaced and
+    nothing else in the folder is touched). names=None: the folder must be absent or empty."""
+    p = Path(path)
+    if overwrite or not p.is_dir():
+        return
+    if names is None:
+        first = next(iter(sorted(p.iterdir())), None)
+        if first is not None:
+            raise ValueError(f"{flag} {p}: not empty (holds {first.name}); choose a new folder "
+                             "or pass --overwrite to replace the results in it")
+        return
+    held = [n for n in names if (p / n).exists()]
+    if held:
+        raise ValueError(f"{flag} {p}: already holds {held[0]} from an earlier run; choose a "
+                         "new folder or pass --overwrite to replace it")
+
+
 def check_out_file(path, flag: str) -> Path:
     """An output file: not a directory, in a folder that exists or can be made."""
     p = Path(path)

@@ -12,7 +12,15 @@ import argparse
 import time
 from pathlib import Path
 
-from workbench.cli_args import check_device, check_out_dir, nonneg_int, parse_int_list
+from workbench.cli_args import (
+    CLIP_FILES,
+    COMPARE_FILES,
+    check_device,
+    check_no_clobber,
+    check_out_dir,
+    nonneg_int,
+    parse_int_list,
+)
 
 DEFAULT_PROMPT = "a red ball bouncing"
 
@@ -69,6 +77,7 @@ def cmd_generate(args) -> int:
 
     _check_common(args)
     check_out_dir(args.out)
+    check_no_clobber(args.out, CLIP_FILES, overwrite=args.overwrite)
     layers = parse_int_list(args.layers, "--layers")
     capture_steps = parse_int_list(args.capture_steps, "--capture-steps")
     if args.capture is not None:
@@ -106,6 +115,7 @@ def cmd_compare(args) -> int:
         if not recipes:
             raise ValueError("--recipes: empty; give recipes like bf16,fp8_sol_kv_corrected")
         out = check_out_dir(args.out or "runs/compare")
+        check_no_clobber(out, None, overwrite=args.overwrite)
         h3 = _load(args)
         t0 = time.perf_counter()
         _, table = compare_recipes(
@@ -127,6 +137,7 @@ def cmd_compare(args) -> int:
             raise ValueError(f"{d}: not a clip folder (video.mp4 / clip.safetensors)")
     out = args.out or str(Path(b).parent / f"compare_{Path(a).name}_{Path(b).name}")
     check_out_dir(out)
+    check_no_clobber(out, COMPARE_FILES, overwrite=args.overwrite)
     m = compare_dirs(a, b, out)
     from workbench.metrics.media import media_table
 
@@ -142,6 +153,8 @@ def register(sub) -> None:
     g.add_argument("--recipe", default="bf16",
                    help="preset, 'preset:field=value', JSON, or 'native' (no replacement)")
     g.add_argument("--out", required=True, help="output folder")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace a clip already in --out (its video/audio/config files only)")
     g.add_argument("--capture", default=None, metavar="STORE", help="also capture q/k/v here")
     g.add_argument("--layers", default=None, help="capture layers, e.g. 0,2 or 0-3 (default all)")
     g.add_argument("--capture-steps", "--steps-to-capture", dest="capture_steps", default=None,
@@ -152,5 +165,7 @@ def register(sub) -> None:
     c.add_argument("dirs", nargs="*", help="DIR_A DIR_B (metrics of B against A)")
     c.add_argument("--recipes", default=None, help="generate with each, compare against the first")
     c.add_argument("--out", default=None, help="output folder")
+    c.add_argument("--overwrite", action="store_true",
+                   help="write into an --out that holds earlier comparison results")
     _model_args(c)
     c.set_defaults(func=cmd_compare)
