@@ -120,5 +120,8 @@ def test_capture_during_generation(tmp_path):
                     capture_steps=[0, 3], progress=False)
     assert clip.config["attention_calls"]["captured_calls"] == 2
     reader = open_capture(store)
+    # the recipe as it ran: the dense policy given to generate replaces the preset's
+    assert reader.recipe == get_recipe("fp8_sol_kv_corrected").with_(dense_steps=0,
+                                                                     dense_layers=0)
     entries = reader.entries() if callable(getattr(reader, "entries", None)) else reader.entries
     assert len(entries) == 2

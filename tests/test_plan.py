@@ -142,8 +142,17 @@ def test_plan_in_generate_and_compare(crafted, tmp_path, capsys):
     calls = cfg["attention_calls"]
     assert calls["replaced_calls"] > calls["dense_policy_calls"] > 0
     assert cfg["recipe"]["workbench_plan"] == 1
+    # a capture made while generating with the plan records it, and its reader returns it
+    from workbench.capture import open_capture
+    from workbench.generate import generate
+    from workbench.models import load_model
+
+    store = tmp_path / "plan.zarr"
+    generate(load_model("h3-tiny"), "red", seed=0, steps=3, recipe=str(path), capture=store,
+             capture_layers=[0], capture_steps=[0], progress=False)
+    assert open_capture(store).recipe == plan
     assert main(["compare", "--recipes", f"bf16,{tmp_path / 'nope.json'}", "--model", "h3-tiny",
-                 "--steps", "2", "--out", str(out), "--quiet"]) == 2
+                 "--steps", "2", "--out", str(tmp_path / "cmp2"), "--quiet"]) == 2
     assert "nope.json: no such file" in capsys.readouterr().err
 
 

@@ -196,10 +196,13 @@ class CaptureReader:
 
     @property
     def recipe(self):
-        from workbench.recipes import AttentionRecipe
+        """The recipe the run used: an ``AttentionRecipe``, a ``RecipePlan`` (a capture made
+        while generating with a per-(step, layer) plan), "native" (the model's own attention) or
+        None (a capture without one)."""
+        from workbench.recipes import get_recipe
 
         r = self.attrs.get("recipe")
-        return None if r is None else AttentionRecipe.from_json(r)
+        return r if r is None or r == "native" else get_recipe(r)
 
     # data -----------------------------------------------------------------------------------------
     def find(self, step: int | None, layer: int | str) -> EntryInfo:
