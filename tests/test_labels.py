@@ -104,7 +104,8 @@ def test_error_by_segment_means_rows_of_each_segment():
 @pytest.mark.parametrize("rotated, present, absent", [
     (64, ["K, rotated channels 0-63"], ["pass-through"]),
     (0, ["K, pass-through channels 0-63"], ["rotated channels"]),
-    (32, ["K, rotated channels 0-31", "V, pass-through channels 32-63"], []),
+    (32, ["K, rotated channels 0-31", "V, channels 32-63 (K's pass-through span)"],
+     ["V, rotated", "V, pass-through"]),
 ])
 def test_table_on_llm_shaped_input(rotated, present, absent):
     q, k, v = _qkv()

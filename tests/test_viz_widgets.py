@@ -55,7 +55,8 @@ def test_readout_has_interval_segments_and_drift(explorer):
         assert f"output MSE, {name} (" in text
     rows = re.findall(r"<td>([KV]) token-mean drift, ([^<]+)</td>", text)
     assert rows == [("K", "rotated channels 0-95"), ("K", "pass-through channels 96-127"),
-                    ("V", "rotated channels 0-95"), ("V", "pass-through channels 96-127")]
+                    ("V", "channels 0-95 (K&#x27;s rotated span)"),
+                    ("V", "channels 96-127 (K&#x27;s pass-through span)")]
     b_val = re.search(r'data-key="B\.drift_k_pass">([^<]+)<', text).group(1)
     assert float(b_val) == pytest.approx(c.evals["B"].drift_summary["k_pass"], rel=1e-3)
     assert "nan" not in text

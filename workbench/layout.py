@@ -216,9 +216,12 @@ def channel_span(start: int, stop: int) -> str:
     return f"{start}-{stop - 1}" if stop - start > 1 else f"{start}"
 
 
-def channel_groups(rotated: int | None, head_dim: int) -> list[tuple[str, str, int, int]]:
+def channel_groups(rotated: int | None, head_dim: int, tensor: str = "K"
+                   ) -> list[tuple[str, str, int, int]]:
     """[(key, label, start, stop)] of the non-empty channel groups of a head: the RoPE-rotated
     channels 0..rotated-1 (key "rot") and the pass-through channels rotated..D-1 (key "pass").
+    tensor "V": the same spans, labelled as K's (RoPE rotates Q and K only; V's channels are
+    grouped like K's so that the two drifts line up).
 
     A model without RoPE (rotated 0) has only pass-through channels; one that rotates every
     channel (rotated == D) only rotated ones: the empty group is left out, not printed as nan.
@@ -229,11 +232,15 @@ def channel_groups(rotated: int | None, head_dim: int) -> list[tuple[str, str, i
                  head_dim)]
     check_rotated(rotated, head_dim)
     out = []
+    rot, rest = channel_span(0, rotated), channel_span(rotated, head_dim)
+    if tensor == "V":
+        labels = (f"channels {rot} (K's rotated span)", f"channels {rest} (K's pass-through span)")
+    else:
+        labels = (f"rotated channels {rot}", f"pass-through channels {rest}")
     if rotated > 0:
-        out.append(("rot", f"rotated channels {channel_span(0, rotated)}", 0, rotated))
+        out.append(("rot", labels[0], 0, rotated))
     if rotated < head_dim:
-        out.append(("pass", f"pass-through channels {channel_span(rotated, head_dim)}", rotated,
-                    head_dim))
+        out.append(("pass", labels[1], rotated, head_dim))
     return out
 
 

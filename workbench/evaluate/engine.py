@@ -80,9 +80,10 @@ class Comparison:
     scale: float | None = None  # softmax scale (None: 1/sqrt(D))
     extras: dict = field(default_factory=dict)
 
-    def channel_groups(self) -> list[tuple[str, str, int, int]]:
-        """[(key, label, start, stop)] of the non-empty channel groups (rotated, pass-through)."""
-        return channel_groups(self.rotated, self.head_dim)
+    def channel_groups(self, tensor: str = "K") -> list[tuple[str, str, int, int]]:
+        """[(key, label, start, stop)] of the non-empty channel groups (rotated, pass-through;
+        V's labelled as K's spans)."""
+        return channel_groups(self.rotated, self.head_dim, tensor)
 
     def benefit(self, a: str, b: str, boundary: str = "attention_output",
                 metric: str = "mse") -> float:

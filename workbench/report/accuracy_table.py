@@ -129,7 +129,7 @@ class AccuracyTable:
             "|---|---|---|",
         ]
         for t in ("K", "V"):
-            for key, label, _, _ in channel_groups(d["rotated"], self.head_dim):
+            for key, label, _, _ in channel_groups(d["rotated"], self.head_dim, t):
                 k = f"{t.lower()}_{key}"
                 lines.append(f"| {t}, {label} | {_e(d[k]['a'])} | {_e(d[k]['b'])} |")
         ph_a = self.per_head["a"]["attention_output"]["mse"]

@@ -229,13 +229,15 @@ def drift_per_channel(
     """
     fig = go.Figure()
     D = max((_np(d).size for d in drift.values()), default=0)
-    groups = channel_groups(rotated, D) if D else []
+    groups = channel_groups(rotated, D, tensor) if D else []
     dashes = {"rot": "solid", "pass": "dot", "all": "solid"}
     for i, (name, d) in enumerate(drift.items()):
         d = _np(d).reshape(-1)
         ch = np.arange(d.size)
         for key, label, a, b in groups:
-            part = label.split(" channels")[0] if key != "all" else "all channels"
+            part = {"rot": "rotated", "pass": "pass-through"}.get(key, "all channels")
+            if tensor == "V" and key != "all":
+                part = f"K's {part} span"
             fig.add_scatter(
                 x=ch[a:b].tolist(), y=_finite_or_none(d[a:b]), mode="lines+markers",
                 marker_size=3, line=dict(color=_color(i), dash=dashes[key]),

@@ -374,7 +374,7 @@ def readout_html(values: dict, names: dict, *, step=None, layer=None, comparison
                 row(f"output MSE, {name} ({sa['rows']} rows)", f"segment_{name}_mse", a, b, "mse",
                     fmt_benefit(benefit_pct(a, b)))
         for t in ("k", "v"):
-            for g, label, _, _ in comparison.channel_groups():
+            for g, label, _, _ in comparison.channel_groups(t.upper()):
                 key = f"drift_{t}_{g}"
                 a, b = values["A"][key], values["B"][key]
                 row(f"{t.upper()} token-mean drift, {label}", key, a, b, "drift",
