@@ -50,6 +50,10 @@ before (scripts/sass_stats.py: 512 SASS instructions per key tile, 168 registers
   with the same epilogue).
 Like the dense kernel, each part rounds P against its own running max: KV splits change the FP8
 rounding of P, not the precision.
+BF16 operands (``quantize.bf16_operands``: the same layouts, unit scales, no correction) run the
+same kernel with BF16 Q K^T and P @ V and P rounded to BF16: the sparse recipes' BF16 baselines
+(twin: ``recipe_attention`` with ``vsa_bf16`` or ``bf16:sparsity=sol``). Their 64-key boxes are
+twice the bytes, so one program fits an SM (147.5 KB of shared memory with two stages).
 """
 
 from __future__ import annotations
