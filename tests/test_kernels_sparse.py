@@ -280,37 +280,3 @@ def test_gpu_h3_rows_sol_against_the_emulation():
           f"{emu.exact_fraction:.4f}")
     assert e_k <= 1.25 * e_e and math.isfinite(e_k)
 
-
-
-@cpu_only
-def test_q_block_sums_from_the_quantizer_route_as_the_block_sum_pass():
-    """The quantizer's Q pass writes Q's block sums (padding blocks zero); the block-sum pass
-    then reads K and V only, with the same K/V sums; the call's routing and output agree with
-    Q's sums taken in the block-sum pass (the sums differ in the last bits of FP32 only)."""
-    from workbench.kernels import routing
-    from workbench.kernels.quantize import padded_len, quantize_tokens
-
-    q, k, v, layout = synthetic(330, 4, 2, 64, seed=5)
-    S_pad = padded_len(330)
-    sums_out = torch.full((1, 4, S_pad // 64, 64), float("nan"))
-    quantize_tokens(q, sums_out=sums_out)
-    full = routing.block_sums(q, k, v, minmax=True)
-    nb = full.lens.numel()
-    assert torch.allclose(sums_out[:, :, :nb], full.qsum, rtol=1e-5, atol=1e-4)
-    assert not sums_out[:, :, nb:].any()
-    kv_only = routing.block_sums(q, k, v, minmax=True, with_q=False)
-    assert kv_only.qsum is None and torch.equal(kv_only.ksum, full.ksum)
-    assert torch.equal(kv_only.vmax, full.vmax)
-    with pytest.raises(ValueError, match="with_q"):
-        kv_only.qbar
-    with pytest.raises(ValueError, match="sums_out"):
-        quantize_tokens(q, sums_out=torch.zeros(1, 4, 3, 64))
-    rec = get_recipe("fp8_sol_kv_corrected:sol_tau=0.5")
-    outs = {}
-    for where in ("quantizer", "block_sums"):
-        cfg = DEFAULT.with_sparse(q_sums=where, kv_splits=1, summary_precision="ieee")
-        qkv, r = dispatch.sparse_operands(q, k, v, rec, layout, 1 / 8, cfg)
-        outs[where] = (r, dispatch.fp8_recipe_attention(q, k, v, rec, layout=layout, config=cfg))
-    (ra, oa), (rb, ob) = outs["quantizer"], outs["block_sums"]
-    assert abs(ra.density - rb.density) <= 2 / ra.exact.numel()
-    assert rel_l2(oa, ob.double()) < 1e-3

@@ -235,7 +235,7 @@ def test_sparse_bench_smoke_run_on_the_cpu(tmp_path, capsys):
     assert vsa[0]["density"] == 5 / 8 and vsa[1]["density"] == 1.0  # round(0.6 * 8) tiles
     errs = [r["emu_rel_l2"] for r in report["rows"][1:]]
     assert all(0 < e < 0.05 for e in errs), errs
-    assert len(report["routing"]) == 3 + 2 * 2 + 1
+    assert len(report["routing"]) == 2 + 2 * 2 + 1
     assert "ours FP8 Sol exact" in sparse.markdown(report)
 
 

@@ -133,44 +133,33 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("gathered loads", base.with_sparse(tma=False)),
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
-        ("Q sums in the block-sum pass", base.with_sparse(q_sums="block_sums")),
     ]
 
 
 def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -> list[dict]:
     """[{what, ms}] of the passes of one sparse full call (``dispatch.fp8_recipe_attention``),
-    each timed alone on the same operands, as the call makes them (``dispatch.sparse_operands``
-    with ``kernel_config.sparse.q_sums``): block sums, quantizer, routing given the sums, the
+    each timed alone on the same operands: block sums, routing given them, quantizer, the
     attention launches (with Sol's summary pass; the exact tiles alone), the BF16 prefix rows."""
     from workbench.kernels import dispatch, routing
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
-    from workbench.kernels.quantize import padded_len, quantize_qkv
+    from workbench.kernels.quantize import quantize_qkv
 
     B, S, H, D = q.shape
     scale = D ** -0.5
-    in_quant = kernel_config.sparse.q_sums == "quantizer"
-    qsum = (torch.empty((B, H, padded_len(S) // 64, D), dtype=torch.float32, device=q.device)
-            if in_quant else None)
-
-    def sums_pass():
-        return routing.block_sums(q, k, v, block=64, minmax=True, with_q=not in_quant)
-
-    sums = sums_pass()
+    sums = routing.block_sums(q, k, v, block=64, minmax=True)
     mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
+    kw = dict(layout=layout, scale=scale, sums=sums)
+    if recipe.sparsity == "sol":
+        kw.update(mu_k=mu_k, mu_v=mu_v)
 
     def quant():
         return quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                             smooth_v=recipe.smooth_v,
                             v_bias_correction=recipe.v_bias_correction,
-                            config=kernel_config.quant, q_block_sums=qsum)
+                            config=kernel_config.quant)
 
-    qkv = quant()
-    if in_quant:
-        sums = sums.with_q_sums(qsum)
-    kw = dict(layout=layout, scale=scale, sums=sums)
-    if recipe.sparsity == "sol":
-        kw.update(mu_k=mu_k, mu_v=mu_v)
     r = routing.route(q, k, v, recipe, **kw)
+    qkv = quant()
     prefix = layout.prefix_len if recipe.dense_prefix else 0
     out = torch.empty_like(q)
 
@@ -179,11 +168,10 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
                                  p_scaling=recipe.p_scaling, config=kernel_config.attention,
                                  routing=rt, sparse=kernel_config.sparse)
 
-    what_sums = "block sums of K, V + V extremes" if in_quant else "block sums + V extremes"
     stages = [
-        (what_sums, sums_pass),
-        ("quantizer" + (" (+ Q's block sums)" if in_quant else ""), quant),
+        ("block sums + V extremes", lambda: routing.block_sums(q, k, v, block=64, minmax=True)),
         ("routing (given the block sums)", lambda: routing.route(q, k, v, recipe, **kw)),
+        ("quantizer", quant),
         ("attention launches", lambda: attend(r)),
     ]
     if r.kc is not None:
@@ -290,12 +278,6 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         what = "block sums of Q, K, V" + (" + V extremes (replaces kv_stats)" if minmax else "")
         report["routing"].append(dict(what=what, ms=ms, read_tbs=n_bytes / (ms * 1e-3) / 1e12))
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
-    ms = time_ms(lambda: routing.block_sums(q, k, v, minmax=True, with_q=False), dev,
-                 cfg.rep_ms)
-    kv_bytes = n_bytes * 2 / 3 if k.shape == q.shape else n_bytes - q.numel() * q.element_size()
-    what = "block sums of K, V + V extremes (Q's from the quantizer: the default)"
-    report["routing"].append(dict(what=what, ms=ms, read_tbs=kv_bytes / (ms * 1e-3) / 1e12))
-    log(f"  {what}: {ms:.3f} ms")
     if cfg.sweep:  # the block-sum pass's launch shape (routing.BlockPassConfig), with extremes
         for rows, warps in ((32, 4), (64, 4), (64, 8), (16, 8)):
             bp = routing.BlockPassConfig(rows=rows, num_warps=warps)

@@ -106,7 +106,6 @@ class StatsConfig:
 
 SCHEDULES = ("rows", "heavy_first")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
-Q_SUMS = ("quantizer", "block_sums")
 
 
 @dataclass(frozen=True)
@@ -135,8 +134,6 @@ class SparseConfig:
     rounded to before).
     maxnreg: the register cap of the exact-tile launch (None: none); the separate summary pass
     runs uncapped.
-    q_sums: where the routing's Q block sums come from: "quantizer" (its Q pass writes them; the
-    block-sum pass reads only K and V) or "block_sums" (the block-sum pass reads Q as well).
     Measured on the H200 at the H3 shape, Sol tau 1 (density 0.149), full calls (BENCHMARKS.md,
     2026-12-01): the defaults 11.7 ms; heavy-first 12.7, kv_splits 2 11.9, no register cap 11.9,
     gathered loads 12.6, summary chunk 16 / 64 11.8 / 11.7 (chunk 64 within noise, kept 32).
@@ -154,7 +151,6 @@ class SparseConfig:
     summary_precision: str = "bf16"
     tma: bool = True
     maxnreg: int | None = 168
-    q_sums: str = "quantizer"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -165,8 +161,6 @@ class SparseConfig:
         if self.summary_precision not in SUMMARY_PRECISIONS:
             raise ValueError(f"SparseConfig.summary_precision: {self.summary_precision!r}; "
                              f"choose one of {SUMMARY_PRECISIONS}")
-        if self.q_sums not in Q_SUMS:
-            raise ValueError(f"SparseConfig.q_sums: {self.q_sums!r}; choose one of {Q_SUMS}")
         if self.summary_chunk not in (16, 32, 64, 128):
             raise ValueError(f"SparseConfig.summary_chunk: {self.summary_chunk}; choose 16, 32, "
                              "64 or 128")

@@ -34,7 +34,7 @@ from . import routing
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
 from .config import DEFAULT, KernelConfig
 from .kv_stats import kv_stats
-from .quantize import bf16_operands, padded_len, quantize_qkv
+from .quantize import bf16_operands, quantize_qkv
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 
@@ -125,11 +125,15 @@ def fp8_recipe_attention(
     if recipe.sparsity == "dense":
         st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
                       config=config.stats)
-        qkv = quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=recipe.smooth_k,
+        mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
+    else:
+        mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale)
+    if is_bf16_sparse(recipe):
+        qkv = bf16_operands(q, k, v)
+    else:
+        qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                            smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
                            config=config.quant)
-    else:
-        qkv, route = sparse_operands(q, k, v, recipe, layout, scale, config)
     prefix = layout.prefix_len if (recipe.dense_prefix and layout is not None) else 0
     out = torch.empty_like(q)
     out, lse = fp8_attention_fwd(qkv, num_heads=H, scale=scale, out=out, row_start=prefix,
@@ -138,37 +142,6 @@ def fp8_recipe_attention(
     if prefix:
         out[:, :prefix] = dense_prefix_rows(q, k, v, prefix, scale)
     return (out, lse) if return_lse else out
-
-
-def sparse_operands(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
-                    scale: float, config: KernelConfig = DEFAULT):
-    """(operands, BlockRouting) of a sparse recipe's call: the block sums of K and V (with V's
-    extremes) give the statistics the quantizer centres with; the quantizer's Q pass writes Q's
-    block sums (``SparseConfig.q_sums = "quantizer"``: Q is read once, not twice), then the
-    routing runs on both. BF16 recipes: the unquantized operands, all sums from one pass."""
-    bf16 = is_bf16_sparse(recipe)
-    if bf16 or config.sparse.q_sums == "block_sums":
-        mu_k, mu_v, v_amax, r = sparse_routing(q, k, v, recipe, layout, scale)
-        if bf16:
-            return bf16_operands(q, k, v), r
-        return quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
-                            smooth_v=recipe.smooth_v,
-                            v_bias_correction=recipe.v_bias_correction,
-                            config=config.quant), r
-    sums = routing.block_sums(q, k, v, block=64, minmax=True, with_q=False)
-    mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
-    B, S, H, D = q.shape
-    qsum = torch.empty((B, H, padded_len(S) // 64, D), dtype=torch.float32, device=q.device)
-    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
-                       smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
-                       config=config.quant, q_block_sums=qsum)
-    sums = sums.with_q_sums(qsum)
-    if recipe.sparsity == "sol":
-        r = routing.sol_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
-                                mu_k=mu_k, mu_v=mu_v)
-    else:
-        r = routing.vsa_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums)
-    return qkv, r
 
 
 def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,

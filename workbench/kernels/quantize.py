@@ -84,15 +84,13 @@ def head_and_block_ids(HEADS_FIRST: tl.constexpr):
 
 @triton.jit
 def _quant_tokens_kernel(
-    X, MU, OUT8, SCALE, SUMS,
+    X, MU, OUT8, SCALE,
     S, S_pad, H, HMU_GROUP,
     stride_xb, stride_xs, stride_xh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr, WRITE_SUMS: tl.constexpr = False,
+    HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    """One program = one (batch, head, 64-token block): center, absmax, scale, round, store.
-    WRITE_SUMS: also the block's FP32 channel sums of x before centring (the sparse routing's
-    Q block sums, so that the block-sum pass need not read Q)."""
+    """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
     bh, blk = head_and_block_ids(HEADS_FIRST)
     b = bh // H
     h = bh % H
@@ -101,8 +99,6 @@ def _quant_tokens_kernel(
     ok = (t < S)[:, None]
     x = tl.load(X + b * stride_xb + h * stride_xh + t[:, None] * stride_xs + d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
-    if WRITE_SUMS:
-        tl.store(SUMS + (bh * (S_pad // BLOCK) + blk) * HEAD_D + d, tl.sum(x, axis=0))
     if CENTER:
         mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
         x = tl.where(ok, x - mu[None, :], 0.0)
@@ -225,11 +221,9 @@ def _v_corr_kernel(
 
 
 def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
-                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant,
-                 q_block_sums: torch.Tensor | None = None) -> QuantizedQKV:
-    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``.
-    q_block_sums: [B, H, S_pad / 64, D] float32 to fill with Q's 64-token block sums."""
-    q8, q_scale = quantize_tokens(q, config=config, sums_out=q_block_sums)
+                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant) -> QuantizedQKV:
+    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``."""
+    q8, q_scale = quantize_tokens(q, config=config)
     k8, k_scale = quantize_tokens(k, mu_k if smooth_k else None, config=config)
     v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax, config=config)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)
@@ -280,11 +274,9 @@ def v8t_in_token_order(qkv: QuantizedQKV) -> torch.Tensor:
 
 
 def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None, *,
-                    config: QuantConfig = DEFAULT.quant, sums_out: torch.Tensor | None = None):
+                    config: QuantConfig = DEFAULT.quant):
     """x [B, S, H, D] (centred by mu [B, H, D] when given) -> (codes [B, H, S_pad, D] E4M3,
-    scales [B, H, S_pad / 64] float32), one scale per 64-token block and head. sums_out
-    [B, H, S_pad / 64, D] float32: also written, the blocks' channel sums of x (uncentred;
-    zeros for the padding blocks)."""
+    scales [B, H, S_pad / 64] float32), one scale per 64-token block and head."""
     B, S, H, D = x.shape
     S_pad = padded_len(S)
     nb = S_pad // QK_BLOCK
@@ -292,17 +284,11 @@ def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None, *,
     x8 = torch.empty((B, H, S_pad, D), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((B, H, nb), dtype=torch.float32, device=x.device)
     hf = config.heads_first
-    if sums_out is not None and (tuple(sums_out.shape) != (B, H, nb, D)
-                                 or sums_out.dtype != torch.float32
-                                 or not sums_out.is_contiguous()):
-        raise ValueError(f"sums_out: {tuple(sums_out.shape)} {sums_out.dtype}, expected a "
-                         f"contiguous float32 {(B, H, nb, D)}")
     _quant_tokens_kernel[(B * H, nb) if hf else (nb, B * H)](
-        x, x if mu is None else mu, x8, scale, scale if sums_out is None else sums_out,
-        S, S_pad, H, 1, x.stride(0), x.stride(1), x.stride(2),
+        x, x if mu is None else mu, x8, scale, S, S_pad, H, 1,
+        x.stride(0), x.stride(1), x.stride(2),
         HEAD_D=D, BLOCK=QK_BLOCK, CENTER=mu is not None, SCALE_RECIP=not interp,
-        HW_ROUND=not interp, HEADS_FIRST=hf, WRITE_SUMS=sums_out is not None,
-        num_warps=config.qk_warps,
+        HW_ROUND=not interp, HEADS_FIRST=hf, num_warps=config.qk_warps,
     )
     return x8, scale
 

@@ -38,7 +38,7 @@ Output layout (``BlockRouting``), read by an attention kernel without a second p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -97,7 +97,6 @@ def _block_sums_kernel(
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr, MINMAX: tl.constexpr,
-    WITH_Q: tl.constexpr = True,
 ):
     """Grid (B * H, n_blocks), heads first: the programs launched together read whole [H * D]
     token rows. Every program sums its query head's block; the first query head of each GQA
@@ -109,10 +108,9 @@ def _block_sums_kernel(
     d = tl.arange(0, HEAD_D)
     t0 = blk * BLOCK
     N_SUB: tl.constexpr = BLOCK // ROWS
-    if WITH_Q:
-        qs, _, _ = _sum_rows(Q, b * stride_qb + h * stride_qh, stride_qs, t0, S, d, HEAD_D,
-                             ROWS, N_SUB, False)
-        tl.store(QS + (bh * n_blocks + blk) * HEAD_D + d, qs)
+    qs, _, _ = _sum_rows(Q, b * stride_qb + h * stride_qh, stride_qs, t0, S, d, HEAD_D, ROWS,
+                         N_SUB, False)
+    tl.store(QS + (bh * n_blocks + blk) * HEAD_D + d, qs)
     if h % GROUP == 0:
         hk = h // GROUP
         o = ((b * (H // GROUP) + hk) * n_blocks + blk) * HEAD_D + d
@@ -131,12 +129,12 @@ def _block_sums_kernel(
 class BlockSums:
     """FP32 per-block sums of one Q/K/V read. nb = ceil(S / block); the last block may be partial.
 
-    qsum [B, H, nb, D] (None: taken without Q); ksum, vsum [B, Hkv, nb, D] of the raw
-    (unsmoothed) operands; vmax, vmin [B, Hkv, nb, D] per-block channel extremes of V (None
-    unless asked); lens [nb] FP32 rows per block.
+    qsum [B, H, nb, D]; ksum, vsum [B, Hkv, nb, D] of the raw (unsmoothed) operands; vmax, vmin
+    [B, Hkv, nb, D] per-block channel extremes of V (None unless asked); lens [nb] FP32 rows per
+    block.
     """
 
-    qsum: torch.Tensor | None
+    qsum: torch.Tensor
     ksum: torch.Tensor
     vsum: torch.Tensor
     vmax: torch.Tensor | None
@@ -148,15 +146,7 @@ class BlockSums:
     @property
     def qbar(self) -> torch.Tensor:
         """[B, H, nb, D] block means of Q (as the twin's ``block_reduce``: sum / length)."""
-        if self.qsum is None:
-            raise ValueError("block sums taken without Q (with_q=False): add Q's sums first "
-                             "(BlockSums.with_q_sums)")
         return self.qsum / self.lens[:, None]
-
-    def with_q_sums(self, qsum: torch.Tensor) -> BlockSums:
-        """These sums with Q's: qsum [B, H, >= nb, D] FP32 (e.g. the quantizer's, whose padding
-        blocks past nb are dropped)."""
-        return replace(self, qsum=qsum[:, :, : self.lens.numel()])
 
     def kv_moments(self, *, smooth_k: bool = True, smooth_v: bool = True):
         """(mu_k, mu_v, v_amax), [B, Hkv, D] FP32 each, from the block sums: mu = (sum of block
@@ -191,11 +181,8 @@ def _check_operands(q, k, v) -> tuple[int, int, int, int, int]:
 
 
 def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int = 64,
-               minmax: bool = False, with_q: bool = True,
-               config: BlockPassConfig = BLOCK_PASS) -> BlockSums:
-    """One read of q [B, S, H, D], k / v [B, S, Hkv, D] -> ``BlockSums`` (see there).
-    with_q=False: K and V only (qsum None; the sparse FP8 call takes Q's sums from the
-    quantizer's Q pass, ``with_q_sums``)."""
+               minmax: bool = False, config: BlockPassConfig = BLOCK_PASS) -> BlockSums:
+    """One read of q [B, S, H, D], k / v [B, S, Hkv, D] -> ``BlockSums`` (see there)."""
     B, S, H, Hkv, D = _check_operands(q, k, v)
     if block < 1 or block & (block - 1):
         raise ValueError(f"block: {block} is not a power of two")
@@ -204,17 +191,16 @@ def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int 
         raise ValueError(f"BlockPassConfig.rows: {config.rows} is not a power of two")
     nb = triton.cdiv(S, block)
     f32 = {"dtype": torch.float32, "device": q.device}
-    qsum = torch.empty((B, H, nb, D), **f32) if with_q else None
+    qsum = torch.empty((B, H, nb, D), **f32)
     kv = torch.empty((4 if minmax else 2, B, Hkv, nb, D), **f32)
     # without minmax the extremes' pointers are the sums' (never written: MINMAX is constexpr)
     _block_sums_kernel[(B * H, nb)](
-        q, k, v, kv[0] if qsum is None else qsum, kv[0], kv[1], kv[-2], kv[-1],
+        q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1],
         S, H, H // Hkv, nb,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, BLOCK=block, ROWS=rows, MINMAX=minmax, WITH_Q=with_q,
-        num_warps=config.num_warps,
+        HEAD_D=D, BLOCK=block, ROWS=rows, MINMAX=minmax, num_warps=config.num_warps,
     )
     lens = torch.full((nb,), float(block), **f32)
     lens[-1] = S - (nb - 1) * block
