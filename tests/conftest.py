@@ -5,6 +5,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Without CUDA every Triton kernel runs in the interpreter. Set before any test module imports
+# triton or the kernels: @triton.jit picks its mode when a kernel is defined, so a module collected
+# early (e.g. a compile-only test) must not leave the kernels in compiled mode for later files.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
