@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .sparse import DENSE_RECIPE, DENSITIES, SOL_RECIPE, sync, write_report
+from .sparse import DENSE_RECIPE, DENSITIES, SOL_RECIPE, parse_checked, sync, write_report
 
 # the live layout: text rows, audio rows, video patch grid (frames, rows, columns)
 H3_TEXT, H3_AUDIO, H3_VIDEO_GRID = 14, 356, (32, 24, 42)
@@ -247,15 +247,9 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workbench.bench.dit",
-                                description="H3 DiT forward time per attention variant (GPU)")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        check_args(args)
-    except ValueError as e:
-        p.error(str(e))
-    return args
+    return parse_checked(argv, "python -m workbench.bench.dit",
+                         "H3 DiT forward time per attention variant (GPU)", add_arguments,
+                         check_args)
 
 
 def main(argv=None) -> int:

@@ -460,16 +460,23 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--heads and --rows must be >= 1")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workbench.bench.sparse",
-                                description="block-sparse attention at the H3 shape (GPU)")
-    add_arguments(p)
+def parse_checked(argv, prog: str, description: str, add, check) -> argparse.Namespace:
+    """A bench module's own parser (``python -m``): its options (``add``), parsed and checked
+    (``check``'s ValueError becomes argparse's usage error, exit 2)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    add(p)
     args = p.parse_args(argv)
     try:
-        check_args(args)
+        check(args)
     except ValueError as e:
         p.error(str(e))
     return args
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return parse_checked(argv, "python -m workbench.bench.sparse",
+                         "block-sparse attention at the H3 shape (GPU)", add_arguments,
+                         check_args)
 
 
 def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:

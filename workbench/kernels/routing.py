@@ -326,6 +326,12 @@ def _lists_kernel(
         tl.store(EXACT + row + j[None, :], exact.to(tl.uint8), mask=ok)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., n] as [R, n] rows with unit stride along n (a view when it already has it)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
 def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
                   sink_blocks=0, mask=None, keep=None, exempt=False):
     """R list rows of nk key blocks: Sol from scores [R, nk] / theta [R], VSA's top ``keep`` of
@@ -361,9 +367,7 @@ def sol_lists(scores: torch.Tensor, theta: torch.Tensor, band: int, sink_blocks:
     *lead, nq, nk = scores.shape
     if tuple(theta.shape) != (*lead, nq):
         raise ValueError(f"theta: shape {tuple(theta.shape)}, expected {(*lead, nq)}")
-    scores2 = scores.reshape(-1, nk)
-    if scores2.stride(-1) != 1:
-        scores2 = scores2.contiguous()
+    scores2 = _rows(scores)
     theta1 = theta.reshape(-1).contiguous()
     if scores2.dtype != torch.float32 or theta1.dtype != torch.float32:
         raise ValueError(f"sol_lists: scores / theta are {scores.dtype} / {theta.dtype}, "
@@ -380,11 +384,9 @@ def mask_lists(exact: torch.Tensor, *, config: ListPassConfig = LIST_PASS
     [...] int32)."""
     if exact.dtype != torch.bool:
         raise ValueError(f"mask_lists: exact is {exact.dtype}, expected bool")
-    nk = exact.shape[-1]
-    mask = exact.reshape(-1, nk)
-    if mask.stride(-1) != 1:
-        mask = mask.contiguous()
-    blocks, counts, _ = _launch_lists(mask.shape[0], 1, nk, exact.device, config, mask=mask)
+    mask = _rows(exact)
+    blocks, counts, _ = _launch_lists(mask.shape[0], 1, mask.shape[1], exact.device, config,
+                                      mask=mask)
     return blocks.view(exact.shape), counts.view(exact.shape[:-1])
 
 
@@ -402,9 +404,7 @@ def vsa_lists(scores: torch.Tensor, keep: int, sink_blocks: int, exempt: bool, *
         raise ValueError(f"vsa_lists: keep {keep} not in [1, {competing}] (competing tiles)")
     if scores.dtype != torch.float32:
         raise ValueError(f"vsa_lists: scores are {scores.dtype}, expected float32")
-    scores2 = scores.reshape(-1, nk)
-    if scores2.stride(-1) != 1:
-        scores2 = scores2.contiguous()
+    scores2 = _rows(scores)
     blocks, counts, exact = _launch_lists(scores2.shape[0], 1, nk, scores.device, config,
                                           scores=scores2, keep=int(keep),
                                           sink_blocks=int(sink_blocks), exempt=exempt)
