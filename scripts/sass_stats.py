@@ -7,6 +7,8 @@ Each argument is a JSON object of overrides of the default ``AttentionConfig`` (
 num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling`` (the recipe's P
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse recipes' BF16 baselines).
+``"schedule": "warp_specialized"`` (with ``consumers``, ``num_stages``) compiles the dense Gluon
+kernel (``attention_fp8_ws``) instead; its main loop is one consumer's loop.
 ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
 ``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
@@ -44,8 +46,44 @@ SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk",
                "sparse_maxnreg", "summary_only")
 
 
+def compile_ws(overrides: dict):
+    """The warp-specialized dense kernel (``attention_fp8_ws``, Gluon) as ``fp8_attention_fwd``
+    launches it for ``schedule="warp_specialized"`` (head dim 128, BF16 output)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from workbench.kernels.attention_fp8_ws import REGISTER_SPLITS
+    from workbench.kernels.attention_fp8_ws import _fp8_attn_ws_kernel as ws
+
+    cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
+                                                    if k not in ("p_scaling", "perm_p")})
+    f8 = gl.float8e4nv
+    lay = {n: gl.NVMMASharedLayout.get_default_for([n, 128], f8) for n in (64, 128)}
+    types = [f"tensordesc<fp8e4nv[64, 128],{lay[64]!r}>",
+             f"tensordesc<fp8e4nv[128, 128],{lay[128]!r}>",
+             f"tensordesc<fp8e4nv[128, 128],{lay[128]!r}>",
+             "*fp32", "*fp32", "*fp32", "*fp32", "*bf16", "*bf16"] + ["i32"] * 5 + ["fp32"]
+    types += ["i32"] * 3
+    names = ws.arg_names
+    sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
+    maxnreg, regs = REGISTER_SPLITS[cfg.consumers]
+    cst = dict(N_CONS=cfg.consumers, STAGES=cfg.num_stages, CONS_REGS=regs,
+               P_LOG2_SCALE=P_LOG2_SCALES[overrides.get("p_scaling", "unit")],
+               PERM_P=bool(overrides.get("perm_p", DEFAULT.quant.v_perm)), WRITE_LSE=False,
+               OUT_F32=False)
+    src = GluonASTSource(fn=ws, signature=sig,
+                         constexprs={(names.index(k),): v for k, v in cst.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=4, maxnreg=maxnreg))
+    return kernel, dataclasses.replace(cfg, maxnreg=maxnreg)
+
+
 def compile_sm90(overrides: dict):
     """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
+    if overrides.get("schedule") == "warp_specialized":
+        return compile_ws(overrides)
+    if not overrides.get("sparse"):  # "schedule": "programs": AttentionConfig's, this kernel
+        overrides = {k: v for k, v in overrides.items() if k != "schedule"}
     extra = {k: overrides[k] for k in ("p_scaling", "perm_p", "bf16") if k in overrides}
     sp = {k: overrides[k] for k in SPARSE_KEYS if k in overrides}
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()

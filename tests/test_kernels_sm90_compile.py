@@ -1,4 +1,6 @@
-"""The default attention kernel compiles for sm_90 without wgmma serialization (no GPU needed).
+"""The attention kernels compile for sm_90 as measured (no GPU needed): the programs kernel
+(Triton) without wgmma serialization, the warp-specialized dense kernel (Gluon) with its register
+split and its leaner consumer loop.
 
 scripts/sass_stats.py compiles the kernel with triton's bundled ptxas for sm_90a and reports
 ptxas's notes and the SASS instruction mix. With triton's max_num_imprecise_acc bound on the FP8
@@ -31,8 +33,9 @@ def sass_stats(*overrides: dict) -> list[dict]:
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
-def test_default_attention_kernel_is_not_wgmma_serialized():
-    stats, scaled = sass_stats({}, {"p_scaling": "exp2_offset8"})
+def test_programs_attention_kernel_is_not_wgmma_serialized():
+    stats, scaled = sass_stats({"schedule": "programs"},
+                               {"schedule": "programs", "p_scaling": "exp2_offset8"})
     assert "SERIALIZED" not in stats["ptxas"], stats["ptxas"]
     # main loop + peeled tile, two dots each, 4 QGMMA (k = 32) per 128-long chain
     assert stats["QGMMA"] == 16, stats
@@ -51,3 +54,26 @@ def test_default_attention_kernel_is_not_wgmma_serialized():
     sl = scaled["main_loop"]
     assert "SERIALIZED" not in scaled["ptxas"] and scaled["regs"] <= 168, scaled
     assert sl["MUFU"] == 66 and sl["loop"] <= loop["loop"] + 4, (sl, loop)
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
+def test_warp_specialized_kernel_compiles_as_measured():
+    """The Gluon kernel cannot run in the interpreter; its compiled form is checked here: no
+    spills at the register split (3 consumers: 16 warps x 128 registers, 2 consumers: 12 x 168),
+    setmaxnreg per partition, and one consumer's key tile: the programs kernel's arithmetic (8
+    QGMMA, 66 MUFU) without its loads and barrier bookkeeping (456 vs 512 instructions, H200
+    2026-12-01: 33.44 vs 37.47 ms). P reaches P @ V without a layout conversion (the kernel's
+    ``assert_trivial`` would not compile otherwise)."""
+    three, two, scaled = sass_stats({"schedule": "warp_specialized", "consumers": 3},
+                                    {"schedule": "warp_specialized", "consumers": 2},
+                                    {"schedule": "warp_specialized", "p_scaling": "exp2_offset8"})
+    for st, regs, n_cons in ((three, 128, 3), (two, 168, 2), (scaled, 128, 3)):
+        assert st["ptxas"] == "spill stores 0 B" and st["STL"] == 0, st
+        assert st["regs"] <= regs, st
+        # main loop + peeled tile per consumer, 2 dots of 4 QGMMA each
+        assert st["QGMMA"] == 16 * n_cons, st
+        loop = st["main_loop"]
+        assert loop["QGMMA"] == 8 and loop["MUFU"] == 66, loop
+        assert loop["loop"] <= 470 and loop.get("FMUL", 0) <= 16, loop
+        assert loop.get("SHFL", 0) <= 12 and loop.get("PRMT", 0) == 0, loop
+        assert loop.get("UTMALDG", 0) == 0, loop  # the producer loads, not the consumers

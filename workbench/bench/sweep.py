@@ -3,7 +3,8 @@ out, timed with the same harness as the side-by-side benchmark (``harness.median
 input sets, fresh biased inputs).
 
 Parts: "attention" = the attention kernel alone on operands quantized with that config's
-quantizer (rel-L2 vs float64 on `rows` rows; TFLOP/s); "stats" = the statistics kernel (TB/s of
+quantizer (rel-L2 vs float64 on `rows` rows; TFLOP/s; the fraction of outputs bitwise equal to the
+first config's and the largest difference); "stats" = the statistics kernel (TB/s of
 K and V read; bitwise equal to the first config's statistics when the summation order is the
 same); "quant" = the whole quantizer (same values as the first config's codes, scales and
 correction). A config that fails to compile or run gives a row with its error. The results of
@@ -116,8 +117,13 @@ def sweep(points: list[SweepPoint], *, shape=(1, 32626, 56, 128),
                 ms = timed(lambda: fp8_attention_fwd(rot.next(), num_heads=H, scale=D**-0.5,
                                                      out=buf, p_scaling=r.p_scaling,
                                                      config=cfg.attention))
+                # against the first config's output on the same operands (when its quantizer
+                # gave the same codes): bitwise-equal fraction and the largest difference
+                o0 = first.setdefault("attention", o)
                 add(pt.label, "attention", ms_runs=ms, ms=min(ms),
-                    tflops=flops / (min(ms) * 1e-3) / 1e12, rel_l2=rel)
+                    tflops=flops / (min(ms) * 1e-3) / 1e12, rel_l2=rel,
+                    equal_frac=float((o == o0).float().mean()),
+                    max_diff=float((o.float() - o0.float()).abs().max()))
             except Exception as exc:  # noqa: BLE001
                 add(pt.label, "attention", error=f"{type(exc).__name__}: {exc}")
         if "stats" in parts:

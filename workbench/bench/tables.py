@@ -115,6 +115,9 @@ def sweep_markdown(rows: list[dict]) -> str:
         ms = " / ".join(f"{x:.3f}" for x in r["ms_runs"])
         rate = (f"{r['tflops']:.0f} TFLOP/s" if "tflops" in r
                 else f"{r['tbs']:.2f} TB/s" if "tbs" in r else "")
+        same = r.get("same_values", "")
+        if "equal_frac" in r:  # attention: bitwise-equal fraction, largest difference
+            same = f"{r['equal_frac']:.4f} equal, max diff {r['max_diff']:.2e}"
         lines.append(f"| {r['label']} | {r['part']} | {ms} | {rate} | "
-                     f"{_fmt(r.get('rel_l2'), '.4e')} | {r.get('same_values', '')} |")
+                     f"{_fmt(r.get('rel_l2'), '.4e')} | {same} |")
     return "\n".join(lines) + "\n"

@@ -643,6 +643,16 @@ def fp8_attention_fwd(
         raise ValueError(f"flush='fma' flushes after head_dim={D} FP8 terms, more than "
                          f"max_imprecise={c.max_imprecise}; use flush='triton'")
     interp = interpreting()
+    if (c.dense_schedule == "warp_specialized" and routing is None and not interp
+            and qkv.q8.dtype == torch.float8_e4m3fn and D == 128):
+        # the Gluon kernel (dense E4M3, head dim 128, compiled): the programs kernel's values on
+        # another schedule (config.AttentionConfig.schedule)
+        from .attention_fp8_ws import fp8_attention_fwd_ws
+
+        return fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
+                                    out_dtype=out_dtype, row_start=row_start,
+                                    return_lse=return_lse, out_f32=out_f32, p_scaling=p_scaling,
+                                    consumers=c.consumers, stages=c.num_stages)
     bf16_ops = qkv.q8.dtype == torch.bfloat16  # quantize.bf16_operands: the BF16 baselines
     if bf16_ops and c.flush != "fma":
         raise ValueError("BF16 operands: flush='triton' bounds FP8 product chains only; use "

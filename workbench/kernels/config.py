@@ -10,7 +10,9 @@ products reach FP32, never the precision contract), so a sweep can pass any of t
 Measured H200 values (torch 2.11, triton 3.6, shape (1, 32626, 56, 128)), 2026-11-30:
 - attention: 64 query rows x 128 keys per tile, 4 warps, 2 pipeline stages, a 168-register cap
   (3 programs per SM), host-built TMA descriptors, the per-tile FP32 flush written as an FMA
-  (``flush="fma"``: ptxas keeps the wgmmas asynchronous), 37.2 ms for the kernel alone;
+  (``flush="fma"``: ptxas keeps the wgmmas asynchronous), 37.2 ms for the kernel alone; since
+  2026-12-01 the dense kernel runs warp-specialized (3 consumer warpgroups of 64 rows and a TMA
+  producer warp per CTA, 2 slots): 33.44 ms, the same values;
 - statistics: 16-token sub-tiles, 64 per program as 4 loop steps of 16 unrolled, 4 warps, heads
   first: 0.263 ms = 84% of the copy bandwidth;
 - quantizer: one 64-token V tile per program transposed as the 16-bit tile, 4 warps; Q/K blocks
@@ -31,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 FLUSHES = ("fma", "triton")
+SCHEDULES_DENSE = ("programs", "warp_specialized")
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,29 @@ class AttentionConfig:
     use_tma: bool = True  # host-built TMA descriptors (False: pointer loads)
     flush: str = "fma"
     max_imprecise: int = 128
+    # "programs": independent 64-row programs, 3 per SM (the Triton kernel, attention_fp8);
+    # "warp_specialized": CTAs of `consumers` 64-row warpgroups sharing each K / V tile, loaded
+    # by one producer warp into num_stages slots (the Gluon kernel, attention_fp8_ws; the same
+    # values bit for bit, 33.44 vs 37.47 ms at the H3 shape on the H200). It applies to dense
+    # E4M3 attention with head dim 128 on the GPU; routing lists (block-sparse), head dim 64,
+    # BF16 operands, Triton's interpreter and tilings other than the one it implements (64-row
+    # consumers, 128-key tiles, TMA, flush "fma") run the programs kernel (``dense_schedule``).
+    schedule: str = "warp_specialized"
+    consumers: int = 3
+
+    @property
+    def dense_schedule(self) -> str:
+        """The schedule a dense E4M3 launch with head dim 128 on the GPU gets."""
+        ws_tiling = (self.block_m, self.block_n, self.use_tma, self.flush) == (64, 128, True, "fma")
+        return "warp_specialized" if self.schedule == "warp_specialized" and ws_tiling else \
+            "programs"
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES_DENSE:
+            raise ValueError(f"AttentionConfig.schedule: {self.schedule!r}; choose one of "
+                             f"{SCHEDULES_DENSE}")
+        if self.consumers not in (2, 3):
+            raise ValueError(f"AttentionConfig.consumers: {self.consumers}; choose 2 or 3")
         if self.flush not in FLUSHES:
             raise ValueError(f"AttentionConfig.flush: {self.flush!r}; choose one of {FLUSHES}")
         if self.block_n not in (64, 128):

@@ -1,0 +1,107 @@
+"""GPU tests of the warp-specialized dense FP8 kernel (``attention_fp8_ws``, Gluon; Hopper only).
+
+It repeats the Triton kernel's numerics operation for operation on another schedule, so it is held
+to two rules: its output is the Triton kernel's up to the order of the row-sum reduction (far
+below the recipe's own error), and it meets the tolerance rule of every FP8 kernel (rel-L2 against
+float64 <= 1.25x the torch emulation's). Shapes cover partial last key tiles, partial last CTAs
+(S not a multiple of 64 x consumers), GQA and batch > 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+        reason="needs a Hopper (sm_90+) CUDA GPU",
+    ),
+]
+
+
+def biased_qkv(B, S, H, Hkv, D, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, S, H, D, device="cuda", generator=g)
+    k = torch.randn(B, S, Hkv, D, device="cuda", generator=g) + 3 * torch.randn(
+        Hkv, D, device="cuda", generator=g)
+    v = torch.randn(B, S, Hkv, D, device="cuda", generator=g) + 2 * torch.randn(
+        Hkv, D, device="cuda", generator=g)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def rel_l2(x, ref):
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
+
+
+def quantized(q, k, v):
+    from workbench.kernels.kv_stats import kv_stats
+    from workbench.kernels.quantize import quantize_qkv
+
+    st = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    return quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=True, smooth_v=True,
+                        v_bias_correction=True)
+
+
+def ws_config(consumers, stages):
+    from workbench.kernels.config import DEFAULT
+
+    return DEFAULT.with_attention(schedule="warp_specialized", consumers=consumers,
+                                  num_stages=stages).attention
+
+
+@pytest.mark.parametrize("consumers,stages", [(3, 2), (2, 2), (3, 3), (2, 3)])
+@pytest.mark.parametrize("shape", [(1, 4111, 4, 4), (2, 1000, 4, 2), (1, 2048, 2, 2),
+                                   (1, 300, 2, 1)])
+def test_ws_kernel_matches_programs_kernel(consumers, stages, shape):
+    from workbench.kernels.attention_fp8 import fp8_attention_fwd
+
+    B, S, H, Hkv = shape
+    q, k, v = biased_qkv(B, S, H, Hkv, 128, seed=S + consumers)
+    qq = quantized(q, k, v)
+    a, lse_a = fp8_attention_fwd(qq, num_heads=H, scale=128**-0.5, return_lse=True)
+    out = torch.full_like(a, float("nan"))  # every row must be written
+    b, lse_b = fp8_attention_fwd(qq, num_heads=H, scale=128**-0.5, return_lse=True, out=out,
+                                 config=ws_config(consumers, stages))
+    assert b.isfinite().all()
+    # the same operations per row; only the row sum's reduction order may differ: last bits
+    assert rel_l2(b, a) < 2e-5, rel_l2(b, a)
+    assert float((b.float() - a.float()).abs().max()) <= 2 ** -6 * float(a.float().abs().max())
+    torch.testing.assert_close(lse_b, lse_a, rtol=0, atol=1e-5)
+    assert float((b == a).float().mean()) > 0.95
+
+
+@pytest.mark.parametrize("p_scaling", ["unit", "exp2_offset8", "rowmax448"])
+def test_ws_kernel_within_tolerance_of_emulation(p_scaling):
+    from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
+    from workbench.kernels.attention_fp8 import fp8_attention_fwd
+
+    q, k, v = biased_qkv(1, 5000, 4, 4, 128, seed=21)
+    idx = evenly_spaced_rows(5000, 256).cuda()
+    ref, _ = dense_attention_f64(q, k, v, query_index=idx)
+    emu = recipe_attention(q, k, v, f"fp8_dense_kv_corrected:p_scaling={p_scaling}",
+                           query_index=idx)
+    qq = quantized(q, k, v)
+    for consumers in (2, 3):
+        out, _ = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, p_scaling=p_scaling,
+                                   config=ws_config(consumers, 2))
+        e_k, e_e = rel_l2(out[:, idx], ref), rel_l2(emu.out, ref)
+        assert e_k <= 1.25 * e_e, (consumers, e_k, e_e)
+
+
+def test_ws_kernel_f32_output_and_prefix_rows_untouched():
+    """out_f32 (the merged pass's input) equals the Triton kernel's; rows < row_start keep
+    what the caller put there."""
+    from workbench.kernels.attention_fp8 import fp8_attention_fwd
+
+    q, k, v = biased_qkv(1, 1234, 4, 2, 128, seed=9)
+    qq = quantized(q, k, v)
+    a, _ = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, out_f32=True)
+    b, _ = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, out_f32=True,
+                             config=ws_config(3, 2))
+    assert b.dtype == torch.float32 and rel_l2(b, a) < 2e-5
+    out = torch.full_like(q, 7.0)
+    fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, out=out, row_start=370,
+                      config=ws_config(3, 2))
+    assert (out[:, :370] == 7.0).all() and not (out[:, 370:] == 7.0).all()
