@@ -110,7 +110,8 @@ def test_gpu_bench_plan_fits_six_minutes_and_refuses_bad_options(tmp_path):
     assert est["total_max_s"] <= 380, est
     assert gpu_bench.estimate_seconds(gpu_bench.SHAPES[:1], gpu_bench.RECIPES, [], 200,
                                       None)["bench_s"] < est["bench_s"]
-    assert gpu_bench.gpu_test_files() == ["tests/test_kernels_gpu.py"]
+    assert gpu_bench.gpu_test_files() == ["tests/test_kernels_gpu.py",
+                                          "tests/test_kernels_ws_gpu.py"]
     for bad, msg in ((["--shapes", "1,8192,56"], "--shapes"), (["--peers", "fa4"], "--peers"),
                      (["--recipes", "fp8_nope"], "unknown preset"), (["--rep-ms", "0"], "rep-ms")):
         p = script("scripts/gpu_bench.py", "--dry-run", "--out", str(tmp_path), *bad)
