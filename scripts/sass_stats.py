@@ -7,7 +7,7 @@ Each argument is a JSON object of overrides of the default ``AttentionConfig`` (
 num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling`` (the recipe's P
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse recipes' BF16 baselines).
-``"schedule": "warp_specialized"`` (with ``consumers``, ``num_stages``) compiles the dense Gluon
+``"schedule": "warp_specialized"`` (with ``num_stages``) compiles the dense Gluon
 kernel (``attention_fp8_ws``) instead; its main loop is one consumer's loop.
 ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
@@ -52,7 +52,7 @@ def compile_ws(overrides: dict):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from workbench.kernels.attention_fp8_ws import REGISTER_SPLITS
+    from workbench.kernels.attention_fp8_ws import CONSUMER_REGS, CONSUMERS, MAXNREG
     from workbench.kernels.attention_fp8_ws import _fp8_attn_ws_kernel as ws
 
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
@@ -66,8 +66,8 @@ def compile_ws(overrides: dict):
     types += ["i32"] * 3
     names = ws.arg_names
     sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
-    maxnreg, regs = REGISTER_SPLITS[cfg.consumers]
-    cst = dict(N_CONS=cfg.consumers, STAGES=cfg.num_stages, CONS_REGS=regs,
+    maxnreg = MAXNREG
+    cst = dict(N_CONS=CONSUMERS, STAGES=cfg.num_stages, CONS_REGS=CONSUMER_REGS,
                P_LOG2_SCALE=P_LOG2_SCALES[overrides.get("p_scaling", "unit")],
                PERM_P=bool(overrides.get("perm_p", DEFAULT.quant.v_perm)), WRITE_LSE=False,
                OUT_F32=False)

@@ -652,7 +652,7 @@ def fp8_attention_fwd(
         return fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
                                     out_dtype=out_dtype, row_start=row_start,
                                     return_lse=return_lse, out_f32=out_f32, p_scaling=p_scaling,
-                                    consumers=c.consumers, stages=c.num_stages)
+                                    stages=c.num_stages)
     bf16_ops = qkv.q8.dtype == torch.bfloat16  # quantize.bf16_operands: the BF16 baselines
     if bf16_ops and c.flush != "fma":
         raise ValueError("BF16 operands: flush='triton' bounds FP8 product chains only; use "

@@ -1,4 +1,4 @@
-"""Warp-specialized FP8 attention forward for Hopper (Gluon): one TMA producer warp and 2 or 3
+"""Warp-specialized FP8 attention forward for Hopper (Gluon): one TMA producer warp and three
 consumer warpgroups of 64 query rows that share every K/V tile.
 
 Torch twin: ``workbench.attention.reference._attend`` with the fp8_dense* recipes, exactly as the
@@ -7,12 +7,14 @@ this kernel repeats operation for operation: the same scores, the same per-half 
 same P = 2^(s - m + c) rounded to E4M3 by the hardware cast, the same per-tile flush (Q K^T one
 head-dim chain from zero, P @ V into a fresh accumulator added by ``acc * alpha + pv``), the same
 epilogue. What differs is the schedule:
-- a CTA holds N_CONS x 64 query rows of one head; one producer warp loads each K / V tile once
+- a CTA holds N_CONS = 3 x 64 query rows of one head; one producer warp loads each K / V tile once
   by TMA into a ring of STAGES shared-memory slots (mbarriers "ready" / "empty"), so the consumers
   issue no loads, address arithmetic or barrier bookkeeping of their own beyond two waits and one
   arrive per tile, and the L2 -> SM traffic is 1 / N_CONS of the 64-row programs';
-- registers are re-allocated per partition (``setmaxnreg``): 24 for the producer, the rest for
-  the consumers (2 consumers: 240 each, as FlashAttention-3; 3 consumers: 160 / 168).
+- registers are re-allocated per partition (``setmaxnreg``): 16 warps x 128 at launch, 24 for
+  the producer, 160 / 160 / 168 for the consumers. Two consumers of 240 registers
+  (FlashAttention-3's split) measured no faster than the programs kernel (37.2 vs 33.4 ms on the
+  H200): removed, code at 2e14427.
 
 Gluon kernels do not run in Triton's interpreter: the CPU tests compile this kernel for sm_90a
 (no GPU needed) and check the compiled form (no spills, the register split, QGMMA counts); its
@@ -249,19 +251,13 @@ def _fp8_attn_ws_kernel(
             stride_ob, stride_os, stride_oh, row_start)
     # every partition takes the same arguments (the flags written out: a tuple variable would
     # not keep them compile-time constants)
-    if N_CONS == 2:
-        gl.warp_specialize([
-            (_consumer0, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-            (_consumer1, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-            (_producer_w, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-        ], [4, 1], [CONS_REGS, 24])
-    else:
-        gl.warp_specialize([
-            (_consumer0, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-            (_consumer1, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-            (_consumer2, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-            (_producer_w, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-        ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
+    gl.static_assert(N_CONS == 3)
+    gl.warp_specialize([
+        (_consumer0, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer1, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer2, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_producer_w, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+    ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
 def descriptors(qkv, block_n: int = 128):
@@ -280,23 +276,21 @@ def descriptors(qkv, block_n: int = 128):
     return qd, kd, vd
 
 
-# (consumers) -> (kernel maxnreg, consumer worker registers): 12 warps x 168 = 2 x 240 + 24;
-# 16 warps x 128 = 168 (default) + 2 x 160 + 24
-REGISTER_SPLITS = {2: (168, 240), 3: (128, 160)}
+# 16 warps x 128 registers at launch = 168 (the default partition, consumer 0) + 2 x 160 + 24
+CONSUMERS = 3
+MAXNREG = 128
+CONSUMER_REGS = 160
 
 
 def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
                          out_dtype=torch.bfloat16, row_start: int = 0, return_lse: bool = False,
-                         out_f32: bool = False, p_scaling: str = "unit", consumers: int = 3,
-                         stages: int = 2):
+                         out_f32: bool = False, p_scaling: str = "unit", stages: int = 2):
     """The dense FP8 attention of ``attention_fp8.fp8_attention_fwd`` on the warp-specialized
-    schedule (same arguments; ``consumers`` 64-row warpgroups per CTA, ``stages`` K/V slots)."""
+    schedule (same arguments; ``stages`` K/V slots)."""
     from .attention_fp8 import P_LOG2_SCALES
 
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
-    if consumers not in REGISTER_SPLITS:
-        raise ValueError(f"consumers: {consumers}; choose one of {sorted(REGISTER_SPLITS)}")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
@@ -308,15 +302,14 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
                           device=qkv.q8.device)
     lse = torch.empty((B, H, S), dtype=torch.float32, device=out.device) if return_lse else None
     qd, kd, vd = descriptors(qkv)
-    maxnreg, regs = REGISTER_SPLITS[consumers]
-    grid = (triton.cdiv(S, 64 * consumers), B * H)
+    grid = (triton.cdiv(S, 64 * CONSUMERS), B * H)
     _fp8_attn_ws_kernel[grid](
         qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,
         S, S_pad, H, H // Hkv, row_start, scale * LOG2E,
         out.stride(0), out.stride(1), out.stride(2),
-        N_CONS=consumers, STAGES=stages, CONS_REGS=regs,
+        N_CONS=CONSUMERS, STAGES=stages, CONS_REGS=CONSUMER_REGS,
         P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], PERM_P=bool(qkv.v_perm), WRITE_LSE=return_lse,
-        OUT_F32=out_f32, num_warps=4, maxnreg=maxnreg,
+        OUT_F32=out_f32, num_warps=4, maxnreg=MAXNREG,
     )
     return out, lse

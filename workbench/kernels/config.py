@@ -57,14 +57,13 @@ class AttentionConfig:
     flush: str = "fma"
     max_imprecise: int = 128
     # "programs": independent 64-row programs, 3 per SM (the Triton kernel, attention_fp8);
-    # "warp_specialized": CTAs of `consumers` 64-row warpgroups sharing each K / V tile, loaded
+    # "warp_specialized": CTAs of three 64-row consumer warpgroups sharing each K / V tile, loaded
     # by one producer warp into num_stages slots (the Gluon kernel, attention_fp8_ws; the same
     # values bit for bit, 33.44 vs 37.47 ms at the H3 shape on the H200). It applies to dense
     # E4M3 attention with head dim 128 on the GPU; routing lists (block-sparse), head dim 64,
     # BF16 operands, Triton's interpreter and tilings other than the one it implements (64-row
     # consumers, 128-key tiles, TMA, flush "fma") run the programs kernel (``dense_schedule``).
     schedule: str = "warp_specialized"
-    consumers: int = 3
 
     @property
     def dense_schedule(self) -> str:
@@ -77,8 +76,6 @@ class AttentionConfig:
         if self.schedule not in SCHEDULES_DENSE:
             raise ValueError(f"AttentionConfig.schedule: {self.schedule!r}; choose one of "
                              f"{SCHEDULES_DENSE}")
-        if self.consumers not in (2, 3):
-            raise ValueError(f"AttentionConfig.consumers: {self.consumers}; choose 2 or 3")
         if self.flush not in FLUSHES:
             raise ValueError(f"AttentionConfig.flush: {self.flush!r}; choose one of {FLUSHES}")
         if self.block_n not in (64, 128):
