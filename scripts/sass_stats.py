@@ -8,7 +8,8 @@ num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse recipes' BF16 baselines).
 ``"schedule": "warp_specialized"`` (with ``num_stages``) compiles the dense Gluon
-kernel (``attention_fp8_ws``) instead; its main loop is one consumer's loop.
+kernel (``attention_fp8_ws``) instead, with ``"sparse": true`` the warp-specialized exact tiles
+(``attention_fp8_ws_lists``); their main loop is one consumer's loop.
 ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
 ``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
@@ -78,9 +79,46 @@ def compile_ws(overrides: dict):
     return kernel, dataclasses.replace(cfg, maxnreg=maxnreg)
 
 
+def compile_ws_lists(overrides: dict):
+    """The warp-specialized exact tiles of block-sparse attention (``attention_fp8_ws_lists``)
+    as the sparse launch takes them (Sol: merging the summary pass's state; ``"summary": false``
+    for VSA)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from workbench.kernels.attention_fp8_ws import CONSUMER_REGS, MAXNREG
+    from workbench.kernels.attention_fp8_ws_lists import _fp8_attn_ws_lists_kernel as ws
+
+    f8 = gl.float8e4nv
+    lk = gl.NVMMASharedLayout.get_default_for([64, 128], f8)
+    lv = gl.NVMMASharedLayout.get_default_for([128, 64], f8)
+    summary = bool(overrides.get("summary", True))
+    types = [f"tensordesc<fp8e4nv[64, 128],{lk!r}>", f"tensordesc<fp8e4nv[64, 128],{lk!r}>",
+             f"tensordesc<fp8e4nv[128, 64],{lv!r}>",
+             "*fp32", "*fp32", "*fp32", "*fp32", "*bf16", "*bf16"] + ["i32"] * 5 + ["fp32"]
+    types += ["i32"] * 3 + ["*i32", "*i32", "i32", "i32", "i32"]
+    types += ["*fp32", "*fp32"] if summary else ["constexpr", "constexpr"]
+    names = ws.arg_names
+    sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
+    cst = dict(STAGES=overrides.get("num_stages", DEFAULT.attention.num_stages),
+               CONS_REGS=CONSUMER_REGS,
+               P_LOG2_SCALE=P_LOG2_SCALES[overrides.get("p_scaling", "unit")],
+               PERM_P=bool(overrides.get("perm_p", DEFAULT.quant.v_perm)), WRITE_LSE=False,
+               OUT_F32=False, INIT_SUMMARY=summary)
+    cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types) if t.startswith("*")}
+    src = GluonASTSource(fn=ws, signature=sig, attrs=attrs,
+                         constexprs={(names.index(k),): v for k, v in cst.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=4, maxnreg=MAXNREG))
+    return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
+
+
 def compile_sm90(overrides: dict):
     """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
     if overrides.get("schedule") == "warp_specialized":
+        if overrides.get("sparse"):
+            return compile_ws_lists(overrides)
         return compile_ws(overrides)
     if not overrides.get("sparse"):  # "schedule": "programs": AttentionConfig's, this kernel
         overrides = {k: v for k, v in overrides.items() if k != "schedule"}

@@ -230,6 +230,9 @@ hopper = pytest.mark.skipif(
      SparseConfig(kv_splits=2, summary_precision="ieee")),
     ((4111, 4, 4, 128), "bf16:sparsity=sol", SparseConfig()),
     ((2000, 4, 2, 64), "vsa_bf16:vsa_keep=0.2", SparseConfig(kv_splits=2)),
+    ((4111, 4, 2, 128), "fp8_sol_kv_corrected", SparseConfig(schedule="warp_specialized")),
+    ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
+     SparseConfig(schedule="warp_specialized")),
 ])
 def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
     S, H, Hkv, D = shape

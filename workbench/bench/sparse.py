@@ -133,6 +133,8 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("gathered loads", base.with_sparse(tma=False)),
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
+        ("programs (rows)", base.with_sparse(schedule="rows")),
+        ("warp-specialized exact tiles", base.with_sparse(schedule="warp_specialized")),
     ]
 
 

@@ -701,7 +701,16 @@ def fp8_attention_fwd(
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
             sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
             launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
-        launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
+        from . import attention_fp8_ws_lists as ws_lists
+
+        if ws_lists.applies(qkv, sparse, sp.splits):  # the exact tiles, warp-specialized
+            ws_lists.fp8_attention_ws_lists(qkv, routing, out=out, lse=lse, scale=scale,
+                                            row_start=row_start, out_f32=out_f32,
+                                            p_log2_scale=P_LOG2_SCALES[p_scaling],
+                                            sum_o=sp.sum_o, sum_ml=sp.sum_ml,
+                                            stages=c.num_stages)
+        else:
+            launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
     if sp and sp.splits > 1:
         _combine_kernel[grid](
             sp.part_o, sp.part_ml, qkv.v_scale, qkv.v_corr, out,

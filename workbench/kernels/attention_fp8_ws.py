@@ -171,9 +171,21 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     if n_full * BLOCK_N < S:
         acc, l_i, m_i = _tile(n_full, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK,
                               skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P)
-    # epilogue
-    d = gl.arange(0, HEAD_D, layout=col_l)
-    offs_m = r0 + gl.arange(0, 64, layout=row_l)
+    _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
+
+
+@gluon.jit
+def _store_rows(acc, l_i, mlog, r0, args, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
+                WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+    """The epilogue of ``attention_fp8._epilogue`` for rows r0 .. r0 + 63: V channel scale,
+    1 / l, + v_corr (add.rn), BF16 (or FP32 without v_corr: OUT_F32), rows < row_start left
+    alone; the LSE from the row max in log2 units (mlog)."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
+     SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
+     stride_ob, stride_os, stride_oh, row_start) = args[:28]
+    HEAD_D: gl.constexpr = acc.shape[1]
+    d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma))
+    offs_m = r0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
     vs = gl.load(VS + bhk * HEAD_D + d)
     o = acc * (vs[None, :] / l_i[:, None])
     row_ok = (offs_m < S) & (offs_m >= row_start)
@@ -189,7 +201,7 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
                                       dtype=gl.float32, is_pure=True, pack=1)
         gl.store(optr, y.to(OUT.dtype.element_ty), mask=mask)
     if WRITE_LSE:
-        lse = (m_i * qs + gl.log2(l_i) - P_LOG2_SCALE) * 0.6931471805599453
+        lse = (mlog + gl.log2(l_i) - P_LOG2_SCALE) * 0.6931471805599453
         gl.store(LSE + bh * S + offs_m, lse, mask=offs_m < S)
 
 

@@ -1,0 +1,314 @@
+"""The block-sparse exact tiles on the warp-specialized schedule (Gluon): one TMA producer warp
+and three consumer warpgroups, each walking its own query block's list of exact key blocks.
+
+Torch twin: ``workbench.attention.reference._attend`` with the ``fp8_sol_*`` recipes or an FP8
+recipe with ``sparsity="vsa"`` (``recipe_attention``), exactly as the Triton kernel's sparse
+specialization (``attention_fp8._list_rows`` with TMA boxes, ``_list_tile_halves``), whose
+numerics this kernel repeats operation for operation: each tile is two 64-key blocks of the list
+(two TMA boxes, each with its own Q K^T and P @ V, one online-softmax step per tile), the last
+tile masked (an odd last entry, the partial last block of the sequence), then the merge of Sol's
+summary-pass state (``INIT_SUMMARY``) and the dense kernel's epilogue. What differs is the
+schedule, as in ``attention_fp8_ws``: a CTA takes three consecutive query blocks of one head;
+the producer warp reads their lists and loads every consumer's boxes into that consumer's own
+ring of STAGES slots (the lists differ, so nothing is shared), so the consumers issue no loads or
+TMA bookkeeping; registers 24 / 160 / 160 / 168 (``setmaxnreg``).
+
+Taken for one KV part (``SparseConfig.kv_splits`` 1) in list-row order, E4M3 operands, head dim
+128, TMA boxes (``SparseConfig.schedule="warp_specialized"``); Sol's summary route stays its own
+Triton pass. Gluon does not run in the interpreter: the CPU tests compile it for sm_90a, the GPU
+tests compare it with the Triton kernel.
+
+Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad]; lists BLOCKS
+[B * H * N_QB, N_KB] (ascending exact key blocks, ``COUNTS`` entries each, at least one).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from .attention_fp8_ws import (
+    CONSUMER_REGS,
+    CONSUMERS,
+    MAXNREG,
+    _p_operand,
+    _row_bias,
+    _store_rows,
+    descriptors,
+)
+
+
+@gluon.jit
+def _list_shape(lst, cnt, S):
+    """(unmasked tiles, all tiles) of a list of cnt >= 1 ascending 64-key blocks: pairs of
+    blocks; the last tile (masked) takes an odd last entry and / or the partial last block."""
+    last = gl.load(lst + gl.maximum(cnt - 1, 0))
+    partial = ((last + 1) * 64 > S).to(gl.int32)
+    n_full = (cnt - partial) // 2
+    n_all = n_full + (2 * n_full < cnt).to(gl.int32)
+    return n_full, gl.where(cnt > 0, n_all, 0)
+
+
+@gluon.jit
+def _produce(c: gl.constexpr, i, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
+             vbase):
+    """Tile i of consumer c: blocks at entries 2i, 2i + 1 (the first again when absent)."""
+    STAGES: gl.constexpr = ready.shape[0] // 3
+    lst, cnt, n_all = lists[c]
+    if i < n_all:
+        slot = c * STAGES + i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), 2 * (k_desc.block_type.nbytes
+                                                + v_desc.block_type.nbytes))
+        j0 = gl.load(lst + 2 * i)
+        j1 = gl.load(lst + gl.minimum(2 * i + 1, cnt - 1))
+        rb = ready.index(slot)
+        tma.async_copy_global_to_shared(k_desc, [kbase + j0 * 64, 0], rb, k_smem.index(2 * slot))
+        tma.async_copy_global_to_shared(k_desc, [kbase + j1 * 64, 0], rb,
+                                        k_smem.index(2 * slot + 1))
+        tma.async_copy_global_to_shared(v_desc, [vbase, j0 * 64], rb, v_smem.index(2 * slot))
+        tma.async_copy_global_to_shared(v_desc, [vbase, j1 * 64], rb, v_smem.index(2 * slot + 1))
+
+
+@gluon.jit
+def _row_list(c: gl.constexpr, args):
+    """(list pointer, entries, tiles) of consumer c's query block (no tiles past the last)."""
+    (S, bh, pid_q0, BLOCKS, COUNTS, N_QB, N_KB) = (
+        args[15], args[18], args[36], args[28], args[29], args[30], args[31])
+    qb = pid_q0 + c
+    row = bh * N_QB + gl.minimum(qb, N_QB - 1)
+    lst = BLOCKS + row.to(gl.int64) * N_KB
+    cnt = gl.where(qb < N_QB, gl.load(COUNTS + row), 0)
+    n_full, n_all = _list_shape(lst, cnt, S)
+    return lst, cnt, n_all
+
+
+@gluon.jit
+def _producer(args):
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
+     SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
+     stride_ob, stride_os, stride_oh, row_start) = args[:28]
+    HEAD_D: gl.constexpr = k_smem.shape[2]
+    mbarrier.expect(q_bar, 3 * q_desc.block_type.nbytes)
+    for c in gl.static_range(3):
+        tma.async_copy_global_to_shared(q_desc, [bh * S_pad + m0 + c * 64, 0], q_bar,
+                                        q_smem.index(c))
+    lists = (_row_list(0, args), _row_list(1, args), _row_list(2, args))
+    n_max = gl.maximum(lists[0][2], gl.maximum(lists[1][2], lists[2][2]))
+    kbase = bhk * S_pad
+    vbase = bhk * HEAD_D
+    # round robin over the consumers, each a tile at a time: their rings fill together
+    for i in range(n_max):
+        for c in gl.static_range(3):
+            _produce(c, i, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase, vbase)
+
+
+@gluon.jit
+def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, lst, cnt, c: gl.constexpr,
+                 args, mma64: gl.constexpr, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
+                 PERM_P: gl.constexpr):
+    """One tile of two 64-key blocks (``attention_fp8._list_tile_halves``, op for op)."""
+    k_smem, v_smem, ready, empty, SK, S, skbase = (args[4], args[5], args[7], args[8], args[10],
+                                                   args[15], args[32])
+    STAGES: gl.constexpr = ready.shape[0] // 3
+    HEAD_D: gl.constexpr = k_smem.shape[2]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    rows64: gl.constexpr = gl.SliceLayout(1, mma64)
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    slot = c * STAGES + i % STAGES
+    e = 2 * i
+    j0 = gl.load(lst + e)
+    if MASK_KEYS:
+        j1 = gl.load(lst + gl.minimum(e + 1, cnt - 1))
+    else:
+        j1 = gl.load(lst + e + 1)
+    s0 = gl.load(SK + skbase + j0)
+    s1 = gl.load(SK + skbase + j1)
+    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+    z = gl.zeros([64, 64], gl.float32, mma64)
+    raw0 = warpgroup_mma(q, k_smem.index(2 * slot).permute((1, 0)), z, use_acc=False,
+                         is_async=True)
+    raw1 = warpgroup_mma(q, k_smem.index(2 * slot + 1).permute((1, 0)), z, use_acc=False,
+                         is_async=True)
+    raw0, raw1 = warpgroup_mma_wait(0, deps=(raw0, raw1))
+    if MASK_KEYS:
+        offs = gl.arange(0, 64, layout=gl.SliceLayout(0, mma64))
+        raw0 = gl.where((j0 * 64 + offs < S)[None, :], raw0, float("-inf"))
+        ok1 = (j1 * 64 + offs < S) & (e + 1 < cnt)
+        raw1 = gl.where(ok1[None, :], raw1, float("-inf"))
+    mx = gl.maximum(gl.max(raw0, axis=1) * s0, gl.max(raw1, axis=1) * s1)
+    m_cand = gl.maximum(m_i, gl.convert_layout(mx, rows, assert_trivial=True))
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+    mq64 = gl.convert_layout(mq, rows64, assert_trivial=True)
+    p0 = gl.exp2(gl.fma(raw0, qs * s0, -gl.broadcast(mq64[:, None], raw0)[0]))
+    p1 = gl.exp2(gl.fma(raw1, qs * s1, -gl.broadcast(mq64[:, None], raw1)[0]))
+    ls = gl.sum(p0, axis=1) + gl.sum(p1, axis=1)
+    l_i = l_i * alpha + gl.convert_layout(ls, rows, assert_trivial=True)
+    p0 = _p_operand(p0.to(gl.float8e4nv), a_layout, PERM_P)
+    p1 = _p_operand(p1.to(gl.float8e4nv), a_layout, PERM_P)
+    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
+    pv = warpgroup_mma(p0, v_smem.index(2 * slot).permute((1, 0)), zo, use_acc=False,
+                       is_async=True)
+    pv = warpgroup_mma(p1, v_smem.index(2 * slot + 1).permute((1, 0)), pv, is_async=True)
+    pv = warpgroup_mma_wait(0, deps=(pv,))
+    mbarrier.arrive(empty.index(slot), count=1)
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_cand
+
+
+@gluon.jit
+def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
+    """Consumer c: query block pid_q0 + c (nothing past the last block)."""
+    (q_smem, q_bar, SQ, S_pad, n_scale, bh, m0, qk_scale_log2, pid_q0, N_QB, N_BH, SUM_O,
+     SUM_ML) = (args[3], args[6], args[9], args[16], args[17], args[18], args[22], args[23],
+                args[36], args[30], args[33], args[34], args[35])
+    HEAD_D: gl.constexpr = q_smem.shape[2]
+    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                    instr_shape=[16, 64, 32])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, HEAD_D, 32])
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    qb = pid_q0 + c
+    if qb < N_QB:
+        lst, cnt, n_all = _row_list(c, args)
+        n_full, n_all = _list_shape(lst, cnt, args[15])
+        qs = gl.load(SQ + bh * n_scale + qb) * qk_scale_log2
+        m_i = gl.full([64], float("-inf"), gl.float32, rows)
+        l_i = gl.zeros([64], gl.float32, rows)
+        acc = gl.zeros([64, HEAD_D], gl.float32, mma)
+        mbarrier.wait(q_bar, 0)
+        q = q_smem.index(c)
+        for i in range(n_full):
+            acc, l_i, m_i = _tile_halves(i, False, acc, l_i, m_i, q, qs, lst, cnt, c, args,
+                                         mma64, mma, P_LOG2_SCALE, PERM_P)
+        if n_full < n_all:
+            acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, lst, cnt, c,
+                                         args, mma64, mma, P_LOG2_SCALE, PERM_P)
+        r0 = m0 + c * 64
+        if INIT_SUMMARY:
+            # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
+            # as the Triton kernel does
+            d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma))
+            srow = (bh * S_pad + r0 + gl.arange(0, 64, layout=rows)).to(gl.int64)
+            mq = m_i * qs
+            ms = gl.load(SUM_ML + srow)
+            mm = gl.maximum(mq, ms)
+            a_x = gl.exp2(mq - mm)
+            a_s = gl.exp2(ms - mm)
+            acc = acc * a_x[:, None] + gl.load(SUM_O + srow[:, None] * HEAD_D + d[None, :]) \
+                * a_s[:, None]
+            l_i = l_i * a_x + gl.load(SUM_ML + N_BH * S_pad + srow) * a_s
+            m_i = mm / qs
+        _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
+
+
+@gluon.jit
+def _consumer0(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
+               OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
+    _consumer(args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)
+
+
+@gluon.jit
+def _consumer1(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
+               OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
+    _consumer(args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)
+
+
+@gluon.jit
+def _consumer2(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
+               OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
+    _consumer(args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)
+
+
+@gluon.jit
+def _producer_w(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
+                OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
+    _producer(args)
+
+
+@gluon.jit
+def _fp8_attn_ws_lists_kernel(
+    q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
+    S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
+    BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML,
+    STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
+    PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
+    INIT_SUMMARY: gl.constexpr,
+):
+    """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0)."""
+    HEAD_D: gl.constexpr = k_desc.block_type.shape[1]
+    pid_q0 = gl.program_id(0) * 3
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * (H // GROUP) + h // GROUP
+    m0 = pid_q0 * 64
+    n_scale = S_pad // 64
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [3, 64, HEAD_D], q_desc.layout)
+    # per consumer STAGES slots of two K boxes and two V boxes: [(c * STAGES + slot) * 2 + half]
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [6 * STAGES, 64, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [6 * STAGES, HEAD_D, 64], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(3 * STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+    # the dense kernel's 28 arguments first (its epilogue helper reads them), then the lists':
+    # 28 BLOCKS, 29 COUNTS, 30 N_QB, 31 N_KB, 32 the K scales' offset, 33 N_BH, 34 SUM_O,
+    # 35 SUM_ML, 36 the first query block
+    args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
+            SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
+            stride_ob, stride_os, stride_oh, row_start,
+            BLOCKS, COUNTS, N_QB, N_KB, bhk * n_scale, N_BH, SUM_O, SUM_ML, pid_q0)
+    gl.warp_specialize([
+        (_consumer0, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_consumer1, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_consumer2, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_producer_w, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+    ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
+
+
+def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: int,
+                           out_f32: bool, p_log2_scale: float, sum_o=None, sum_ml=None,
+                           stages: int = 2):
+    """The exact tiles of block-sparse attention on the warp-specialized schedule, into `out`
+    (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge."""
+    B, H, S_pad, D = qkv.q8.shape
+    Hkv = qkv.k8.shape[1]
+    nq, nk = routing.exact.shape[-2:]
+    qd, kd, vd = descriptors(qkv, block_n=64)  # one 64-token box per key block
+    grid = (triton.cdiv(nq, CONSUMERS), B * H)
+    _fp8_attn_ws_lists_kernel[grid](
+        qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
+        lse if lse is not None else out,
+        qkv.seq_len, S_pad, H, H // Hkv, row_start, scale * 1.4426950408889634,
+        out.stride(0), out.stride(1), out.stride(2),
+        routing.blocks.contiguous(), routing.counts.contiguous(), nq, nk, B * H,
+        sum_o, sum_ml,
+        STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
+        PERM_P=bool(qkv.v_perm), WRITE_LSE=lse is not None, OUT_F32=out_f32,
+        INIT_SUMMARY=sum_o is not None, num_warps=4, maxnreg=MAXNREG,
+    )
+    return out, lse
+
+
+def applies(qkv, sparse, splits: int) -> bool:
+    """Whether a sparse launch takes this kernel (see the module docstring)."""
+    from .e4m3 import interpreting
+
+    return (sparse.schedule == "warp_specialized" and splits == 1 and sparse.tma
+            and qkv.q8.dtype == torch.float8_e4m3fn and qkv.q8.shape[-1] == 128
+            and not interpreting())
