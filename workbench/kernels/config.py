@@ -167,7 +167,7 @@ class SparseConfig:
     summary operands make ptxas serialize the wgmmas (BF16 operands do not).
     """
 
-    schedule: str = "rows"
+    schedule: str = "warp_specialized"
     kv_splits: int | None = None
     split_below_waves: float = 2.0
     programs_per_sm: int = 3  # AttentionConfig.maxnreg = 168: three 64-row programs per SM
