@@ -59,24 +59,36 @@ def _list_shape(lst, cnt, S):
 
 
 @gluon.jit
-def _produce(c: gl.constexpr, i, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
-             vbase):
-    """Tile i of consumer c: blocks at entries 2i, 2i + 1 (the first again when absent)."""
+def _pair(lst, cnt, n_all, i):
+    """The key blocks of tile i: entries 2i and 2i + 1 of the list (the first again when the
+    second is absent; a tile past the list reads its first entry, never used)."""
+    e = gl.where(i < n_all, 2 * i, 0)
+    j0 = gl.load(lst + e)
+    j1 = gl.load(lst + gl.maximum(gl.minimum(e + 1, cnt - 1), 0))
+    return j0, j1
+
+
+@gluon.jit
+def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
+             kbase, vbase):
+    """Tile i of consumer c (its blocks in `pair`); returns the blocks of tile i + 1, whose
+    loads are issued first so that they fly while the producer waits for the slot."""
     STAGES: gl.constexpr = ready.shape[0] // 3
     lst, cnt, n_all = lists[c]
+    nxt = _pair(lst, cnt, n_all, i + 1)
     if i < n_all:
+        j0, j1 = pair
         slot = c * STAGES + i % STAGES
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(slot), 2 * (k_desc.block_type.nbytes
                                                 + v_desc.block_type.nbytes))
-        j0 = gl.load(lst + 2 * i)
-        j1 = gl.load(lst + gl.minimum(2 * i + 1, cnt - 1))
         rb = ready.index(slot)
         tma.async_copy_global_to_shared(k_desc, [kbase + j0 * 64, 0], rb, k_smem.index(2 * slot))
         tma.async_copy_global_to_shared(k_desc, [kbase + j1 * 64, 0], rb,
                                         k_smem.index(2 * slot + 1))
         tma.async_copy_global_to_shared(v_desc, [vbase, j0 * 64], rb, v_smem.index(2 * slot))
         tma.async_copy_global_to_shared(v_desc, [vbase, j1 * 64], rb, v_smem.index(2 * slot + 1))
+    return nxt
 
 
 @gluon.jit
@@ -106,19 +118,28 @@ def _producer(args):
     n_max = gl.maximum(lists[0][2], gl.maximum(lists[1][2], lists[2][2]))
     kbase = bhk * S_pad
     vbase = bhk * HEAD_D
-    # round robin over the consumers, each a tile at a time: their rings fill together
+    # round robin over the consumers, each a tile at a time: their rings fill together; each
+    # consumer's next block indices are loaded one tile ahead
+    p0 = _pair(lists[0][0], lists[0][1], lists[0][2], 0)
+    p1 = _pair(lists[1][0], lists[1][1], lists[1][2], 0)
+    p2 = _pair(lists[2][0], lists[2][1], lists[2][2], 0)
     for i in range(n_max):
-        for c in gl.static_range(3):
-            _produce(c, i, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase, vbase)
+        p0 = _produce(0, i, p0, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
+                      vbase)
+        p1 = _produce(1, i, p1, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
+                      vbase)
+        p2 = _produce(2, i, p2, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
+                      vbase)
 
 
 @gluon.jit
-def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, lst, cnt, c: gl.constexpr,
-                 args, mma64: gl.constexpr, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
-                 PERM_P: gl.constexpr):
-    """One tile of two 64-key blocks (``attention_fp8._list_tile_halves``, op for op)."""
-    k_smem, v_smem, ready, empty, SK, S, skbase = (args[4], args[5], args[7], args[8], args[10],
-                                                   args[15], args[32])
+def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
+                 c: gl.constexpr, args, mma64: gl.constexpr, mma: gl.constexpr,
+                 P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr):
+    """One tile of two 64-key blocks (``attention_fp8._list_tile_halves``, op for op);
+    blocks = (j0, j1, their K scales s0, s1), loaded a tile ahead by the caller."""
+    k_smem, v_smem, ready, empty, S = args[4], args[5], args[7], args[8], args[15]
+    j0, j1, s0, s1 = blocks
     STAGES: gl.constexpr = ready.shape[0] // 3
     HEAD_D: gl.constexpr = k_smem.shape[2]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -126,13 +147,6 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, lst, cnt, c: 
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     slot = c * STAGES + i % STAGES
     e = 2 * i
-    j0 = gl.load(lst + e)
-    if MASK_KEYS:
-        j1 = gl.load(lst + gl.minimum(e + 1, cnt - 1))
-    else:
-        j1 = gl.load(lst + e + 1)
-    s0 = gl.load(SK + skbase + j0)
-    s1 = gl.load(SK + skbase + j1)
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
     z = gl.zeros([64, 64], gl.float32, mma64)
     raw0 = warpgroup_mma(q, k_smem.index(2 * slot).permute((1, 0)), z, use_acc=False,
@@ -166,6 +180,14 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, lst, cnt, c: 
 
 
 @gluon.jit
+def _blocks(lst, cnt, n_all, i, args):
+    """(j0, j1, s0, s1): tile i's key blocks (``_pair``) and their K scales."""
+    SK, skbase = args[10], args[32]
+    j0, j1 = _pair(lst, cnt, n_all, i)
+    return j0, j1, gl.load(SK + skbase + j0), gl.load(SK + skbase + j1)
+
+
+@gluon.jit
 def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
     """Consumer c: query block pid_q0 + c (nothing past the last block)."""
@@ -188,11 +210,14 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         acc = gl.zeros([64, HEAD_D], gl.float32, mma)
         mbarrier.wait(q_bar, 0)
         q = q_smem.index(c)
+        blocks = _blocks(lst, cnt, n_all, 0, args)
         for i in range(n_full):
-            acc, l_i, m_i = _tile_halves(i, False, acc, l_i, m_i, q, qs, lst, cnt, c, args,
+            nxt = _blocks(lst, cnt, n_all, i + 1, args)  # a tile ahead: off the critical path
+            acc, l_i, m_i = _tile_halves(i, False, acc, l_i, m_i, q, qs, blocks, cnt, c, args,
                                          mma64, mma, P_LOG2_SCALE, PERM_P)
+            blocks = nxt
         if n_full < n_all:
-            acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, lst, cnt, c,
+            acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, blocks, cnt, c,
                                          args, mma64, mma, P_LOG2_SCALE, PERM_P)
         r0 = m0 + c * 64
         if INIT_SUMMARY:
