@@ -179,18 +179,27 @@ def _attend(
         ss = ss.masked_fill(exact_keys, -math.inf)
         m = torch.maximum(m, ss.amax(-1))
 
-    # Pass 2: P = 2^(s - m); the row sum takes the FP32 P, PV uses the quantized P.
+    # Pass 2: P = 2^(s - m); PV uses the quantized P; the row sum takes the FP32 P
+    # (row_sum "p_fp32") or PV's operand with PV's accumulation ("p_operand": P @ ones).
     row_sum = torch.zeros((B, H, n), device=qs.device, dtype=dt)
     acc = torch.zeros((B, H, n, D), device=qs.device, dtype=dt)
     state: dict = {}
+    state_l: dict = {}
     for s0 in range(0, S, key_chunk):
         s1 = min(S, s0 + key_chunk)
         s = cache.pop(s0) if cache_ok else scores(s0, s1)
         p = torch.exp2(s - m[..., None])
-        row_sum += p.sum(-1)
-        acc += _pv(_quantize_p(p, recipe).to(dt), v[:, :, s0:s1], recipe, state)
+        pq = _quantize_p(p, recipe).to(dt)
+        if recipe.row_sum == "p_operand":
+            ones = torch.ones((s1 - s0, 1), device=qs.device, dtype=dt)
+            row_sum += _pv(pq, ones, recipe, state_l)[..., 0]
+        else:
+            row_sum += p.sum(-1)
+        acc += _pv(pq, v[:, :, s0:s1], recipe, state)
     if state.get("inner") is not None:
         acc += state["inner"]
+    if state_l.get("inner") is not None:
+        row_sum += state_l["inner"][..., 0]
     if summary is not None:
         w = torch.exp2(ss - m[..., None])  # zero where the block is exact
         acc += w @ vc

@@ -32,6 +32,12 @@ OUT_FORMATS = ("bf16", "exact")
 #   style): P in [0, 256], subnormal only below 2^-14; exact to undo (a power of two).
 # "rowmax448": P * 448, so the row max lands on E4M3's largest value (448 = 1.75 * 2^8).
 P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
+# The softmax denominator l (row sum of P):
+# "p_fp32": the FP32 P before its rounding to p_format (the numerator takes the rounded P);
+# "p_operand": the rounded P that P @ V takes, summed with P @ V's accumulation (a kernel computes
+#   it on the tensor cores as P @ ones): numerator and denominator see the same weights, so the
+#   output is a weighted mean of the V rows; the FP8 kernels save the FP32 adds of the row sum.
+ROW_SUMS = ("p_fp32", "p_operand")
 SMOOTHINGS = ("none", "k", "kv")
 ACCUMULATIONS = ("fp32", "reduced")
 SPARSITIES = ("dense", "sol", "vsa")
@@ -61,6 +67,7 @@ class AttentionRecipe:
     # P operand of PV.
     p_format: str = "fp8_e4m3"
     p_scaling: str = "unit"
+    row_sum: str = "p_fp32"  # ROW_SUMS
     # Output written by the epilogue (kernels write BF16).
     out_format: str = "bf16"
     # Smoothing: subtract the FP32 token mean before quantizing K ("k") or K and V ("kv").
@@ -173,6 +180,8 @@ class AttentionRecipe:
         v = self.v_format if not self.quantizes_v else f"{self.v_format}/{self.v_granularity}"
         p = self.p_format + (f" scaling {self.p_scaling}" if self.p_format == "fp8_e4m3" else "")
         parts = [f"QK {qk}", f"V {v}", f"P {p}", f"out {self.out_format}"]
+        if self.row_sum != "p_fp32":
+            parts.append(f"row sum {self.row_sum}")
         if self.accumulation == "reduced":
             parts.append(f"accum reduced {self.accum_mantissa_bits}b flush {self.accum_flush_keys}"
                          " keys")
@@ -245,6 +254,7 @@ def validate(r: AttentionRecipe) -> None:
     _choice(r, "v_granularity", V_GRANULARITIES)
     _choice(r, "p_format", P_FORMATS)
     _choice(r, "p_scaling", P_SCALINGS)
+    _choice(r, "row_sum", ROW_SUMS)
     _choice(r, "out_format", OUT_FORMATS)
     _choice(r, "smoothing", SMOOTHINGS)
     _choice(r, "accumulation", ACCUMULATIONS)
