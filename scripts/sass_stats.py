@@ -3,14 +3,13 @@ made of it: registers, shared memory, spills and the instruction mix of the SASS
 
     python scripts/sass_stats.py '{"flush": "triton"}' '{"p_scaling": "exp2_offset8"}' [...]
 
-Each argument is a JSON object of overrides of the default ``AttentionConfig`` (block_m,
-block_n, num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling``
-(the recipe's P scaling, default "unit"), ``row_sum`` (default "p_fp32") and ``perm_p`` (V^T in
-P's register order; default ``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse
-recipes' BF16 baselines). ``"schedule": "warp_specialized"`` (with ``num_stages``) compiles
-the dense Gluon kernel (``attention_fp8_ws``) instead, with ``"sparse": true`` the
-warp-specialized exact tiles (``attention_fp8_ws_lists``); their main loop is one consumer's
-loop.
+Each argument is a JSON object of overrides of the default ``AttentionConfig`` (block_m, block_n,
+num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling`` (the recipe's P
+scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
+``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse recipes' BF16 baselines).
+``"schedule": "warp_specialized"`` (with ``num_stages``) compiles the dense Gluon
+kernel (``attention_fp8_ws``) instead, with ``"sparse": true`` the warp-specialized exact tiles
+(``attention_fp8_ws_lists``); their main loop is one consumer's loop.
 ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
 ``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
@@ -58,8 +57,7 @@ def compile_ws(overrides: dict):
     from workbench.kernels.attention_fp8_ws import _fp8_attn_ws_kernel as ws
 
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
-                                                    if k not in ("p_scaling", "perm_p",
-                                                                 "row_sum")})
+                                                    if k not in ("p_scaling", "perm_p")})
     f8 = gl.float8e4nv
     lay = {n: gl.NVMMASharedLayout.get_default_for([n, 128], f8) for n in (64, 128)}
     types = [f"tensordesc<fp8e4nv[64, 128],{lay[64]!r}>",
@@ -73,7 +71,7 @@ def compile_ws(overrides: dict):
     cst = dict(N_CONS=CONSUMERS, STAGES=cfg.num_stages, CONS_REGS=CONSUMER_REGS,
                P_LOG2_SCALE=P_LOG2_SCALES[overrides.get("p_scaling", "unit")],
                PERM_P=bool(overrides.get("perm_p", DEFAULT.quant.v_perm)), WRITE_LSE=False,
-               OUT_F32=False, ROW_SUM_MMA=overrides.get("row_sum") == "p_operand")
+               OUT_F32=False)
     src = GluonASTSource(fn=ws, signature=sig,
                          constexprs={(names.index(k),): v for k, v in cst.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -124,8 +122,7 @@ def compile_sm90(overrides: dict):
         return compile_ws(overrides)
     if not overrides.get("sparse"):  # "schedule": "programs": AttentionConfig's, this kernel
         overrides = {k: v for k, v in overrides.items() if k != "schedule"}
-    extra = {k: overrides[k] for k in ("p_scaling", "perm_p", "bf16", "row_sum")
-             if k in overrides}
+    extra = {k: overrides[k] for k in ("p_scaling", "perm_p", "bf16") if k in overrides}
     sp = {k: overrides[k] for k in SPARSE_KEYS if k in overrides}
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
                                                     if k not in extra and k not in sp})
@@ -169,7 +166,7 @@ def compile_sm90(overrides: dict):
                SPARSE=sparse, SUMMARY=summary_only,
                WORK_LIST=work_list, KV_SPLITS=1, SUM_CHUNK=scfg.summary_chunk,
                SUM_PREC=scfg.summary_precision, SUMMARY_ONLY=summary_only,
-               INIT_SUMMARY=init_summary, ROW_SUM_P=extra.get("row_sum") == "p_operand")
+               INIT_SUMMARY=init_summary)
     cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
     attrs = {}
     if sparse:  # the real launch's 16-byte alignment of every pointer (loads vectorize)

@@ -64,16 +64,9 @@ def test_warp_specialized_kernel_compiles_as_measured():
     QGMMA, 66 MUFU) without its loads and barrier bookkeeping (456 vs 512 instructions, H200
     2026-12-01: 33.44 vs 37.47 ms). P reaches P @ V without a layout conversion (the kernel's
     ``assert_trivial`` would not compile otherwise)."""
-    three, slots3, scaled, rsum = sass_stats(
+    three, slots3, scaled = sass_stats(
         {"schedule": "warp_specialized"}, {"schedule": "warp_specialized", "num_stages": 3},
-        {"schedule": "warp_specialized", "p_scaling": "exp2_offset8"},
-        {"schedule": "warp_specialized", "p_scaling": "exp2_offset8", "row_sum": "p_operand"})
-    # row_sum "p_operand": the row sum as P @ ones on the tensor cores (4 more QGMMA of n = 8):
-    # 401 instructions per tile instead of 456 (no FADD chain, no row reduction), no spills in
-    # the loop (a few outside it)
-    rl = rsum["main_loop"]
-    assert rl["QGMMA"] == 12 and rl.get("FADD", 0) <= 8 and rl["loop"] <= 410, rl
-    assert rl.get("STL", 0) == 0 and rl.get("LDL", 0) == 0, rl
+        {"schedule": "warp_specialized", "p_scaling": "exp2_offset8"})
     for st, regs, n_cons in ((three, 128, 3), (slots3, 128, 3), (scaled, 128, 3)):
         assert st["ptxas"] == "spill stores 0 B" and st["STL"] == 0, st
         assert st["regs"] <= regs, st

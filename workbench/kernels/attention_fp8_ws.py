@@ -104,7 +104,7 @@ def _p_operand(p8, a_layout: gl.constexpr, PERM_P: gl.constexpr):
 @gluon.jit
 def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
           offs_n, mma: gl.constexpr, a_layout: gl.constexpr, MASK_KEYS: gl.constexpr,
-          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, ones_smem=None):
+          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr):
     """One key tile of one consumer: wait for the slot, Q K^T, the online softmax with the
     per-half K scales folded into the row max and the exponent's factor, P @ V into a fresh
     accumulator, release the slot, flush by one FMA per element."""
@@ -128,25 +128,11 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
     f = gl.where(half0, qs * s0, qs * s1)
     mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
-    if ones_smem is None:
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
     p8 = _p_operand(p.to(gl.float8e4nv), a_layout, PERM_P)
     zo = gl.zeros([64, HEAD_D], gl.float32, mma)
     pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), zo, use_acc=False, is_async=True)
-    if ones_smem is not None:
-        # the row sum of the E4M3 P on the tensor cores (row_sum "p_operand"): P @ ones
-        # [BLOCK_N, 8] into a fresh accumulator (a 128-term chain, as P @ V), every column the
-        # row sum; l_i is [64, 8]: 8 FFMA per tile instead of 64 FADD and the row reduction
-        mma16: gl.constexpr = l_i.type.layout
-        a16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma16, k_width=4)
-        zl = gl.zeros([64, 8], gl.float32, mma16)
-        ls = warpgroup_mma(gl.convert_layout(p8, a16, assert_trivial=True), ones_smem, zl,
-                           use_acc=False, is_async=True)
-        pv, ls = warpgroup_mma_wait(0, deps=(pv, ls))
-        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, mma16),
-                                      assert_trivial=True)[:, None] + ls
-    else:
-        pv = warpgroup_mma_wait(0, deps=(pv,))
+    pv = warpgroup_mma_wait(0, deps=(pv,))
     mbarrier.arrive(empty.index(st), count=1)
     acc = acc * alpha[:, None] + pv
     return acc, l_i, m_cand
@@ -154,7 +140,7 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
 
 @gluon.jit
 def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
     """Consumer warpgroup ``cid``: rows m0 + 64 cid .. + 63 over every key tile, then the
     epilogue of ``attention_fp8._epilogue`` (V channel scale, 1 / l, + v_corr)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -172,19 +158,7 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     # their outputs are never stored)
     qs = gl.load(SQ + bh * n_scale + gl.minimum(r0 // 64, n_scale - 1)) * qk_scale_log2
     m_i = gl.full([64], float("-inf"), gl.float32, row_l)
-    if ROW_SUM_MMA:  # l_i [64, 8]: P @ ones (see _tile); ones [8, BLOCK_N] K-major for wgmma
-        mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, 8, 32])
-        l_i = gl.zeros([64, 8], gl.float32, mma8)
-        ones_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv)
-        fill: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-        ones = gl.full([8, BLOCK_N], 1.0, gl.float32, fill).to(gl.float8e4nv)
-        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [8, BLOCK_N], ones_l, ones)
-        ones_smem = ones_smem.permute((1, 0))
-        fence_async_shared()
-    else:
-        l_i = gl.zeros([64], gl.float32, row_l)
-        ones_smem = None
+    l_i = gl.zeros([64], gl.float32, row_l)
     acc = gl.zeros([64, HEAD_D], gl.float32, mma)
     offs_n = gl.arange(0, BLOCK_N, layout=col_l)
     skbase = bhk * n_scale
@@ -193,13 +167,10 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     n_full = S // BLOCK_N
     for j in range(n_full):
         acc, l_i, m_i = _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase,
-                              S, offs_n, mma, a_layout, False, P_LOG2_SCALE, PERM_P, ones_smem)
+                              S, offs_n, mma, a_layout, False, P_LOG2_SCALE, PERM_P)
     if n_full * BLOCK_N < S:
         acc, l_i, m_i = _tile(n_full, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK,
-                              skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P,
-                              ones_smem)
-    if ROW_SUM_MMA:  # every column holds the row sum
-        l_i = gl.convert_layout(gl.max(l_i, axis=1), row_l, assert_trivial=True)
+                              skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P)
     _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
 
 
@@ -236,25 +207,25 @@ def _store_rows(acc, l_i, mlog, r0, args, mma: gl.constexpr, P_LOG2_SCALE: gl.co
 
 @gluon.jit
 def _consumer0(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
-    _consumer(args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)
+               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+    _consumer(args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)
 
 
 @gluon.jit
 def _consumer1(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
-    _consumer(args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)
+               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+    _consumer(args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)
 
 
 @gluon.jit
 def _consumer2(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
-    _consumer(args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)
+               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+    _consumer(args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)
 
 
 @gluon.jit
 def _producer_w(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-                WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
+                WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
     _producer(args)
 
 
@@ -264,7 +235,7 @@ def _fp8_attn_ws_kernel(
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
     N_CONS: gl.constexpr, STAGES: gl.constexpr, CONS_REGS: gl.constexpr,
     P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
-    OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr = False,
+    OUT_F32: gl.constexpr,
 ):
     """Grid (cdiv(S, 64 * N_CONS), B * H); num_warps = 4 (the default partition = consumer 0)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -294,10 +265,10 @@ def _fp8_attn_ws_kernel(
     # not keep them compile-time constants)
     gl.static_assert(N_CONS == 3)
     gl.warp_specialize([
-        (_consumer0, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
-        (_consumer1, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
-        (_consumer2, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
-        (_producer_w, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
+        (_consumer0, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer1, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer2, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_producer_w, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
@@ -325,8 +296,7 @@ CONSUMER_REGS = 160
 
 def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
                          out_dtype=torch.bfloat16, row_start: int = 0, return_lse: bool = False,
-                         out_f32: bool = False, p_scaling: str = "unit",
-                         row_sum: str = "p_fp32", stages: int = 2):
+                         out_f32: bool = False, p_scaling: str = "unit", stages: int = 2):
     """The dense FP8 attention of ``attention_fp8.fp8_attention_fwd`` on the warp-specialized
     schedule (same arguments; ``stages`` K/V slots)."""
     from .attention_fp8 import P_LOG2_SCALES
@@ -352,6 +322,6 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
         out.stride(0), out.stride(1), out.stride(2),
         N_CONS=CONSUMERS, STAGES=stages, CONS_REGS=CONSUMER_REGS,
         P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], PERM_P=bool(qkv.v_perm), WRITE_LSE=return_lse,
-        OUT_F32=out_f32, ROW_SUM_MMA=row_sum == "p_operand", num_warps=4, maxnreg=MAXNREG,
+        OUT_F32=out_f32, num_warps=4, maxnreg=MAXNREG,
     )
     return out, lse

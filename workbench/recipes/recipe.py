@@ -34,9 +34,11 @@ OUT_FORMATS = ("bf16", "exact")
 P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 # The softmax denominator l (row sum of P):
 # "p_fp32": the FP32 P before its rounding to p_format (the numerator takes the rounded P);
-# "p_operand": the rounded P that P @ V takes, summed with P @ V's accumulation (a kernel computes
-#   it on the tensor cores as P @ ones): numerator and denominator see the same weights, so the
-#   output is a weighted mean of the V rows; the FP8 kernels save the FP32 adds of the row sum.
+# "p_operand": the rounded P that P @ V takes, summed with P @ V's accumulation: numerator and
+#   denominator see the same weights, so the output is a weighted mean of the V rows (better with
+#   an unsmoothed V bias; with smoothed V it needs a scaled P, or the P values that round to zero
+#   lose their mass). The reference path only: the kernels' tensor-core form (P @ ones) measured
+#   1.2% faster and wrong on the H200 (commit 1a048a6 has it).
 ROW_SUMS = ("p_fp32", "p_operand")
 SMOOTHINGS = ("none", "k", "kv")
 ACCUMULATIONS = ("fp32", "reduced")
