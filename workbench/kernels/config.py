@@ -64,6 +64,10 @@ class AttentionConfig:
     # BF16 operands, Triton's interpreter and tilings other than the one it implements (64-row
     # consumers, 128-key tiles, TMA, flush "fma") run the programs kernel (``dense_schedule``).
     schedule: str = "warp_specialized"
+    # the BF16 dense-prefix rows (recipes with dense_prefix: SDPA on the first rows) on a side
+    # CUDA stream, concurrent with the statistics, routing, quantizer and FP8 attention passes
+    # (False: after them, on the caller's stream); the same values either way
+    prefix_stream: bool = True
 
     @property
     def dense_schedule(self) -> str:

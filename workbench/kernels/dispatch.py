@@ -126,6 +126,15 @@ def fp8_recipe_attention(
     H, D = q.shape[2], q.shape[3]
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     route = None
+    prefix = layout.prefix_len if (recipe.dense_prefix and layout is not None) else 0
+    side = prefix_rows = None
+    if prefix and config.attention.prefix_stream and q.is_cuda:
+        # the BF16 prefix rows depend on the inputs only: start them on a side stream so that
+        # they fill the SMs the memory-bound passes and the kernels' tails leave free
+        side = torch.cuda.Stream(device=q.device)
+        side.wait_stream(torch.cuda.current_stream(q.device))
+        with torch.cuda.stream(side):
+            prefix_rows = dense_prefix_rows(q, k, v, prefix, scale)
     if recipe.sparsity == "dense":
         st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
                       config=config.stats)
@@ -138,12 +147,16 @@ def fp8_recipe_attention(
         qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                            smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
                            config=config.quant)
-    prefix = layout.prefix_len if (recipe.dense_prefix and layout is not None) else 0
     out = torch.empty_like(q)
     out, lse = fp8_attention_fwd(qkv, num_heads=H, scale=scale, out=out, row_start=prefix,
                                  return_lse=return_lse, p_scaling=recipe.p_scaling,
                                  config=config.attention, routing=route, sparse=config.sparse)
-    if prefix:
+    if side is not None:
+        main = torch.cuda.current_stream(q.device)
+        main.wait_stream(side)
+        prefix_rows.record_stream(main)  # made on the side stream, read on this one
+        out[:, :prefix] = prefix_rows
+    elif prefix:
         out[:, :prefix] = dense_prefix_rows(q, k, v, prefix, scale)
     return (out, lse) if return_lse else out
 
