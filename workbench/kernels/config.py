@@ -66,7 +66,8 @@ class AttentionConfig:
     schedule: str = "warp_specialized"
     # the BF16 dense-prefix rows (recipes with dense_prefix: SDPA on the first rows) on a side
     # CUDA stream, concurrent with the statistics, routing, quantizer and FP8 attention passes
-    # (False: after them, on the caller's stream); the same values either way
+    # (False: after them, on the caller's stream); the same values either way. H200, Sol at
+    # density 0.149 (2026-12-01): 11.36 vs 11.70 ms
     prefix_stream: bool = True
 
     @property
