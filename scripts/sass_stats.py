@@ -218,6 +218,9 @@ def sass_counts(kernel, tag: str, out_dir: str = "/tmp/sass") -> dict:
     m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res, re.S)
     counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass)) for op in OPS}
     counts["main_loop"] = main_loop_counts(sass)
+    # warp-specialized kernels: the per-partition register counts (setmaxnreg in the PTX)
+    counts["setmaxnreg"] = sorted({int(x) for x in re.findall(
+        r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])})
     regs, shared, local = (int(x) for x in m.groups()) if m else (None, None, None)
     return {"regs": regs, "shared_static": shared, "local": local,
             "shared": kernel.metadata.shared, **counts}

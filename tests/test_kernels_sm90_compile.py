@@ -59,19 +59,17 @@ def test_programs_attention_kernel_is_not_wgmma_serialized():
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
 def test_warp_specialized_kernel_compiles_as_measured():
     """The Gluon kernel cannot run in the interpreter; its compiled form is checked here: no
-    spills at the register split (16 warps x 128 registers: 168 / 160 / 160 / 24),
-    setmaxnreg per partition, and one consumer's key tile: the programs kernel's arithmetic (8
-    QGMMA, 66 MUFU) without its loads and barrier bookkeeping (456 vs 512 instructions, H200
+    spills, the register split of its partitions (setmaxnreg 24 for the producer, 160 / 168 for
+    the consumers), and one consumer's key tile: the programs kernel's arithmetic (8 QGMMA, 66
+    MUFU) without its TMA issue and barrier bookkeeping (456 vs 512 instructions, H200
     2026-12-01: 33.44 vs 37.47 ms). P reaches P @ V without a layout conversion (the kernel's
     ``assert_trivial`` would not compile otherwise)."""
-    three, slots3, scaled = sass_stats(
-        {"schedule": "warp_specialized"}, {"schedule": "warp_specialized", "num_stages": 3},
-        {"schedule": "warp_specialized", "p_scaling": "exp2_offset8"})
-    for st, regs, n_cons in ((three, 128, 3), (slots3, 128, 3), (scaled, 128, 3)):
+    for st in sass_stats({"schedule": "warp_specialized"},
+                         {"schedule": "warp_specialized", "num_stages": 3},
+                         {"schedule": "warp_specialized", "p_scaling": "exp2_offset8"}):
         assert st["ptxas"] == "spill stores 0 B" and st["STL"] == 0, st
-        assert st["regs"] <= regs, st
-        # main loop + peeled tile per consumer, 2 dots of 4 QGMMA each
-        assert st["QGMMA"] == 16 * n_cons, st
+        assert {24, 160, 168} <= set(st["setmaxnreg"]), st["setmaxnreg"]
+        assert st["QGMMA"] == 16 * 3, st  # main loop + peeled tile per consumer, 2 dots of 4
         loop = st["main_loop"]
         assert loop["QGMMA"] == 8 and loop["MUFU"] == 66, loop
         assert loop["loop"] <= 470 and loop.get("FMUL", 0) <= 16, loop
@@ -83,13 +81,13 @@ def test_warp_specialized_kernel_compiles_as_measured():
 def test_warp_specialized_list_kernel_compiles_as_measured():
     """The block-sparse exact tiles on the warp-specialized schedule (Sol, merging the summary
     pass; VSA without it): one consumer's tile of two 64-key boxes is the programs kernel's
-    arithmetic (12 QGMMA: two Q K^T of 4 k-steps, two P @ V of 2) in fewer instructions (482
-    against 600 per 128 exact keys), no loads issued by the consumer, no spills in the loop, and
-    the three rings fit the shared memory of one SM."""
+    arithmetic (12 QGMMA: two Q K^T of 4 k-steps, two P @ V of 2) in fewer instructions (491
+    against 600 per 128 exact keys), no TMA issued by the consumer, no spills in the loop (Sol:
+    4 B outside it), the same register split, and the three rings fit one SM's shared memory."""
     sol, vsa = sass_stats({"schedule": "warp_specialized", "sparse": True},
                           {"schedule": "warp_specialized", "sparse": True, "summary": False})
     for st in (sol, vsa):
-        assert st["regs"] <= 128 and st["shared"] <= 227 * 1024, st
+        assert st["shared"] <= 227 * 1024 and {24, 160, 168} <= set(st["setmaxnreg"]), st
         loop = st["main_loop"]
         assert loop["QGMMA"] == 12 and loop["MUFU"] == 66, loop
         assert loop["loop"] <= 500 and loop.get("STL", 0) == 0 and loop.get("LDL", 0) == 0, loop

@@ -134,7 +134,6 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),
-        ("warp-specialized exact tiles", base.with_sparse(schedule="warp_specialized")),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]
 

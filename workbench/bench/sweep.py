@@ -117,8 +117,8 @@ def sweep(points: list[SweepPoint], *, shape=(1, 32626, 56, 128),
                 ms = timed(lambda: fp8_attention_fwd(rot.next(), num_heads=H, scale=D**-0.5,
                                                      out=buf, p_scaling=r.p_scaling,
                                                      config=cfg.attention))
-                # against the first config's output on the same operands (when its quantizer
-                # gave the same codes): bitwise-equal fraction and the largest difference
+                # against the first config's output (operands from each config's own
+                # quantizer: the same codes unless the quant section changes them)
                 o0 = first.setdefault("attention", o)
                 add(pt.label, "attention", ms_runs=ms, ms=min(ms),
                     tflops=flops / (min(ms) * 1e-3) / 1e12, rel_l2=rel,

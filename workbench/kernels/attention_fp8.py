@@ -703,7 +703,7 @@ def fp8_attention_fwd(
             launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
         from . import attention_fp8_ws_lists as ws_lists
 
-        if ws_lists.applies(qkv, sparse, sp.splits):  # the exact tiles, warp-specialized
+        if ws_lists.applies(qkv, sparse, sp.splits, c):  # the exact tiles, warp-specialized
             ws_lists.fp8_attention_ws_lists(qkv, routing, out=out, lse=lse, scale=scale,
                                             row_start=row_start, out_f32=out_f32,
                                             p_log2_scale=P_LOG2_SCALES[p_scaling],

@@ -9,16 +9,17 @@ head-dim chain from zero, P @ V into a fresh accumulator added by ``acc * alpha 
 epilogue. What differs is the schedule:
 - a CTA holds N_CONS = 3 x 64 query rows of one head; one producer warp loads each K / V tile once
   by TMA into a ring of STAGES shared-memory slots (mbarriers "ready" / "empty"), so the consumers
-  issue no loads, address arithmetic or barrier bookkeeping of their own beyond two waits and one
-  arrive per tile, and the L2 -> SM traffic is 1 / N_CONS of the 64-row programs';
+  issue no TMA loads, address arithmetic or barrier bookkeeping of their own beyond two waits and
+  one arrive per tile (and the tile's two K-scale loads), and the L2 -> SM traffic is 1 / N_CONS
+  of the 64-row programs';
 - registers are re-allocated per partition (``setmaxnreg``): 16 warps x 128 at launch, 24 for
   the producer, 160 / 160 / 168 for the consumers. Two consumers of 240 registers
-  (FlashAttention-3's split) measured no faster than the programs kernel (37.2 vs 33.4 ms on the
-  H200): removed, code at 2e14427.
+  (FlashAttention-3's split) measured 37.2 ms against 33.4 for three (the programs kernel: 37.5)
+  on the H200: removed, code at 2e14427.
 
 Gluon kernels do not run in Triton's interpreter: the CPU tests compile this kernel for sm_90a
-(no GPU needed) and check the compiled form (no spills, the register split, QGMMA counts); its
-values are tested on the GPU against the Triton kernel and float64.
+(no GPU needed) and check the compiled form (no spills, the setmaxnreg split, the loop's
+instruction mix); its values are tested on the GPU against the Triton kernel and float64.
 
 Shapes: as ``attention_fp8``: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad]
 (V^T's tokens in P's register order, ``QuantConfig.v_perm``); head dim 128; non-causal.
@@ -40,7 +41,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E = 1.4426950408889634
-ROWS = 64  # query rows per consumer warpgroup (one m64 wgmma row block)
 
 
 @gluon.jit
@@ -306,6 +306,8 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
+    if S_pad % 128:  # the tiles' two K scales (and TMA boxes) never pass the padded length
+        raise ValueError(f"padded length {S_pad} is not a multiple of the 128-key tile")
     if D != 128 or qkv.q8.dtype != torch.float8_e4m3fn:
         raise ValueError(f"the warp-specialized kernel takes E4M3 operands with head dim 128 "
                          f"(got {qkv.q8.dtype}, head dim {D})")

@@ -10,12 +10,15 @@ tile masked (an odd last entry, the partial last block of the sequence), then th
 summary-pass state (``INIT_SUMMARY``) and the dense kernel's epilogue. What differs is the
 schedule, as in ``attention_fp8_ws``: a CTA takes three consecutive query blocks of one head;
 the producer warp reads their lists and loads every consumer's boxes into that consumer's own
-ring of STAGES slots (the lists differ, so nothing is shared), so the consumers issue no loads or
-TMA bookkeeping; registers 24 / 160 / 160 / 168 (``setmaxnreg``).
+ring of STAGES slots (the lists differ, so nothing is shared), so the consumers issue no TMA
+loads or bookkeeping (only their next tile's two block indices and K scales, a tile ahead);
+registers 24 / 160 / 160 / 168 (``setmaxnreg``).
 
-Taken for one KV part (``SparseConfig.kv_splits`` 1) in list-row order, E4M3 operands, head dim
-128, TMA boxes (``SparseConfig.schedule="warp_specialized"``); Sol's summary route stays its own
-Triton pass. Gluon does not run in the interpreter: the CPU tests compile it for sm_90a, the GPU
+Taken for one KV part (``SparseConfig.kv_splits`` 1), E4M3 operands, head dim 128, TMA boxes
+(``SparseConfig.schedule="warp_specialized"``) and the attention tiling it implements (128 keys
+per tile, flush "fma" after <= 128 terms, two slots: three rings of three slots would need 312 KB
+of shared memory); otherwise the programs kernel runs. Sol's summary route stays its own Triton
+pass. Gluon does not run in the interpreter: the CPU tests compile it for sm_90a, the GPU
 tests compare it with the Triton kernel.
 
 Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad]; lists BLOCKS
@@ -39,6 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .attention_fp8_ws import (
     CONSUMER_REGS,
     CONSUMERS,
+    LOG2E,
     MAXNREG,
     _p_operand,
     _row_bias,
@@ -74,7 +78,7 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
     """Tile i of consumer c (its blocks in `pair`); returns the blocks of tile i + 1, whose
     loads are issued first so that they fly while the producer waits for the slot."""
     STAGES: gl.constexpr = ready.shape[0] // 3
-    lst, cnt, n_all = lists[c]
+    lst, cnt, n_all, n_full = lists[c]
     nxt = _pair(lst, cnt, n_all, i + 1)
     if i < n_all:
         j0, j1 = pair
@@ -93,7 +97,8 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
 
 @gluon.jit
 def _row_list(c: gl.constexpr, args):
-    """(list pointer, entries, tiles) of consumer c's query block (no tiles past the last)."""
+    """(list pointer, entries, tiles, unmasked tiles) of consumer c's query block (no tiles past
+    the last block)."""
     (S, bh, pid_q0, BLOCKS, COUNTS, N_QB, N_KB) = (
         args[15], args[18], args[36], args[28], args[29], args[30], args[31])
     qb = pid_q0 + c
@@ -101,7 +106,7 @@ def _row_list(c: gl.constexpr, args):
     lst = BLOCKS + row.to(gl.int64) * N_KB
     cnt = gl.where(qb < N_QB, gl.load(COUNTS + row), 0)
     n_full, n_all = _list_shape(lst, cnt, S)
-    return lst, cnt, n_all
+    return lst, cnt, n_all, n_full
 
 
 @gluon.jit
@@ -202,8 +207,7 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     qb = pid_q0 + c
     if qb < N_QB:
-        lst, cnt, n_all = _row_list(c, args)
-        n_full, n_all = _list_shape(lst, cnt, args[15])
+        lst, cnt, n_all, n_full = _row_list(c, args)
         qs = gl.load(SQ + bh * n_scale + qb) * qk_scale_log2
         m_i = gl.full([64], float("-inf"), gl.float32, rows)
         l_i = gl.zeros([64], gl.float32, rows)
@@ -319,7 +323,7 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
     _fp8_attn_ws_lists_kernel[grid](
         qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,
-        qkv.seq_len, S_pad, H, H // Hkv, row_start, scale * 1.4426950408889634,
+        qkv.seq_len, S_pad, H, H // Hkv, row_start, scale * LOG2E,
         out.stride(0), out.stride(1), out.stride(2),
         routing.blocks.contiguous(), routing.counts.contiguous(), nq, nk, B * H,
         sum_o, sum_ml,
@@ -330,10 +334,13 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
     return out, lse
 
 
-def applies(qkv, sparse, splits: int) -> bool:
-    """Whether a sparse launch takes this kernel (see the module docstring)."""
+def applies(qkv, sparse, splits: int, attention) -> bool:
+    """Whether a sparse launch takes this kernel (see the module docstring); ``attention``: the
+    call's ``AttentionConfig``."""
     from .e4m3 import interpreting
 
-    return (sparse.schedule == "warp_specialized" and splits == 1 and sparse.tma
+    tiling = (attention.block_n, attention.flush, attention.num_stages) == (128, "fma", 2) \
+        and attention.max_imprecise >= 128
+    return (sparse.schedule == "warp_specialized" and splits == 1 and sparse.tma and tiling
             and qkv.q8.dtype == torch.float8_e4m3fn and qkv.q8.shape[-1] == 128
             and not interpreting())

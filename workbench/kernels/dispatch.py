@@ -123,9 +123,7 @@ def fp8_recipe_attention(
     why = unsupported_reason(q, k, v, recipe)
     if why:
         raise ValueError(f"fp8 kernels: {why} (recipe {recipe.to_string()!r})")
-    H, D = q.shape[2], q.shape[3]
-    scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    route = None
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
     prefix = layout.prefix_len if (recipe.dense_prefix and layout is not None) else 0
     side = prefix_rows = None
     if prefix and config.attention.prefix_stream and q.is_cuda:
@@ -135,6 +133,25 @@ def fp8_recipe_attention(
         side.wait_stream(torch.cuda.current_stream(q.device))
         with torch.cuda.stream(side):
             prefix_rows = dense_prefix_rows(q, k, v, prefix, scale)
+    try:
+        out, lse = _fp8_rows(q, k, v, recipe, layout, scale, prefix, return_lse, config)
+    finally:  # join the side stream even when a pass raises: it still reads q, k, v
+        if side is not None:
+            main = torch.cuda.current_stream(q.device)
+            main.wait_stream(side)
+            prefix_rows.record_stream(main)  # made on the side stream, read on this one
+    if side is not None:
+        out[:, :prefix] = prefix_rows
+    elif prefix:
+        out[:, :prefix] = dense_prefix_rows(q, k, v, prefix, scale)
+    return (out, lse) if return_lse else out
+
+
+def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: int,
+              return_lse: bool, config: KernelConfig):
+    """Statistics or routing, the quantizer and the FP8 attention of rows >= prefix:
+    (out [B, S, H, D] with rows < prefix unwritten, lse or None)."""
+    route = None
     if recipe.sparsity == "dense":
         st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
                       config=config.stats)
@@ -148,17 +165,9 @@ def fp8_recipe_attention(
                            smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
                            config=config.quant)
     out = torch.empty_like(q)
-    out, lse = fp8_attention_fwd(qkv, num_heads=H, scale=scale, out=out, row_start=prefix,
-                                 return_lse=return_lse, p_scaling=recipe.p_scaling,
-                                 config=config.attention, routing=route, sparse=config.sparse)
-    if side is not None:
-        main = torch.cuda.current_stream(q.device)
-        main.wait_stream(side)
-        prefix_rows.record_stream(main)  # made on the side stream, read on this one
-        out[:, :prefix] = prefix_rows
-    elif prefix:
-        out[:, :prefix] = dense_prefix_rows(q, k, v, prefix, scale)
-    return (out, lse) if return_lse else out
+    return fp8_attention_fwd(qkv, num_heads=q.shape[2], scale=scale, out=out, row_start=prefix,
+                             return_lse=return_lse, p_scaling=recipe.p_scaling,
+                             config=config.attention, routing=route, sparse=config.sparse)
 
 
 def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
