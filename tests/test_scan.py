@@ -224,3 +224,45 @@ def test_cli_scan_plan_report(sync_scan, tmp_path, capsys):
     assert main(["scan-report", scan, "--recipe", "nope", "--out", str(tmp_path / "r2"),
                  "--formats", "html"]) == 2
     assert "--recipe: 'nope'" in capsys.readouterr().err
+
+
+def test_scan_of_a_causal_store_replays_with_the_mask(tmp_path):
+    """A store that records a causal model (``workbench import --causal``, its softmax scale)
+    is scanned with the mask and the scale, as ``evaluate_entry`` on its ReplaySource does:
+    the same numbers; without them the error would differ (the mask changes every row but the
+    last); a scan store made under other replay settings is not resumed."""
+    import torch
+
+    from workbench.capture.importer import import_tensors
+    from workbench.evaluate import ReplaySource, evaluate_entry
+    from workbench.evaluate.scan_store import ScanError
+
+    g = torch.Generator().manual_seed(0)
+    data = {f"layer{i}.{r}": torch.randn(96, 2, 32, generator=g) + (1.5 if r == "k" else 0)
+            for i in (0, 1) for r in "qkv"}
+    torch.save(data, tmp_path / "d.pt")
+    store = tmp_path / "c.zarr"
+    import_tensors([tmp_path / "d.pt"], store, rotated=0, scale=0.2, causal=True)
+    ds, _ = run_scan(store, "fp8_dense,fp8_dense_k", out=tmp_path / "c.scan.zarr",
+                     scheduler="synchronous", progress=False, n_queries=16)
+    from workbench.evaluate.scan_store import ScanParams
+
+    params = ScanParams.from_dict(ds.attrs["params"])
+    assert params.causal and params.softmax_scale == 0.2
+    src = ReplaySource(store)
+    for lay in (0, 1):
+        c = evaluate_entry(src, 0, lay, {"r": "fp8_dense_k"}, n_queries=16)
+        e = ds.entry_metrics.sel(step=0, layer=lay, recipe="fp8_dense_k")
+        assert float(e.sel(metric="attention_output_mse").squeeze()) == \
+            c.evals["r"].overall["attention_output"]["mse"]
+        wrong = evaluate_entry(ReplaySource(store, causal=False, scale=None), 0, lay,
+                               {"r": "fp8_dense_k"}, n_queries=16)
+        assert wrong.evals["r"].overall["attention_output"]["mse"] != \
+            c.evals["r"].overall["attention_output"]["mse"]
+    # a scan with other replay settings is refused, naming the field
+    from dataclasses import replace
+
+    from workbench.evaluate.scan_store import ScanStore
+
+    with pytest.raises(ScanError, match="causal"):
+        ScanStore(tmp_path / "c.scan.zarr", replace(params, causal=False))

@@ -81,13 +81,14 @@ _ENTRY_CACHE_SIZE = 4  # reference of evaluate() is reused by the next recipe on
 class _EntrySource:
     """A one-entry source for ``evaluate_entry``: q [B, S, H, D], k/v [B, S, Hkv, D] float32."""
 
-    def __init__(self, q, k, v, heads, layout, rotated):
+    def __init__(self, q, k, v, heads, layout, rotated, causal=False, scale=None):
         from .source import ReplaySource
 
         self._src = ReplaySource(tensors=(q, k, v), layout=layout, rotated=rotated,
-                                 device=str(q.device))
+                                 device=str(q.device), causal=causal, scale=scale)
         self._src.heads = list(heads)
         self.heads, self.layout, self.rotated = list(heads), layout, rotated
+        self.causal, self.scale = bool(causal), scale  # read by evaluate_entry
 
     def qkv(self, step, layer, heads=None):
         return self._src.qkv(0, 0, heads)
@@ -103,13 +104,15 @@ def _entry_tensors(key, q, k, v, device):
 
 
 def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout,
-              rotated, n_queries, dense_policy, device=None) -> dict:
+              rotated, n_queries, dense_policy, causal=False, scale=None,
+              device=None) -> dict:
     """evaluate_entry of one recipe on one entry -> a flat record of numbers.
 
     qkv: numpy float32 q [B, S, H, D], k, v [B, S, Hkv, D] as read through the capture's xarray
     view (captured_heads: the head ids they hold); heads: the query head ids to evaluate. A plan
-    is resolved at (step, layer). Returns {"entry": [M], "head": [H, M], "row": [n],
-    "row_head": [H, n], "query_rows": [n]}.
+    is resolved at (step, layer). causal / scale: how the capture's model attends (the store's
+    ``attention_call``), in the recipes and in the float64 reference. Returns {"entry": [M],
+    "head": [H, M], "row": [n], "row_head": [H, n], "query_rows": [n]}.
     """
     from workbench.attention import SegmentLayout
     from workbench.recipes import RecipePlan, get_recipe
@@ -121,7 +124,8 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
     t0 = time.perf_counter()
     tq, tk, tv = _entry_tensors((store_id, step, layer, tuple(captured_heads), device), *qkv,
                                 device)
-    src = _EntrySource(tq, tk, tv, captured_heads, SegmentLayout.from_dict(layout), rotated)
+    src = _EntrySource(tq, tk, tv, captured_heads, SegmentLayout.from_dict(layout), rotated,
+                       causal, scale)
     recipe = get_recipe(spec)
     if isinstance(recipe, RecipePlan):
         recipe = recipe.at(step, layer)
@@ -256,12 +260,14 @@ def plan_scan(store, recipes, *, steps=None, layers=None, heads=None, n_queries:
     if baseline not in labels:
         raise ScanError(f"--baseline: {baseline!r} is not one of the recipes {labels}")
     S = int(ds.sizes["token"])
+    call = cap.attention_call()
     params = ScanParams(
         store=str(store.resolve()), store_id=store_fingerprint(cap), recipes=tuple(labels),
         recipe_specs=tuple(specs), baseline=baseline, steps=tuple(steps), layers=tuple(layers),
         heads=tuple(heads), n_queries=int(n_queries), dense_policy=bool(dense_policy),
         seq_len=S, query_rows=tuple(int(i) for i in evenly_spaced_rows(S, n_queries)),
-        segment_layout=json.dumps(cap.layout.to_dict(), sort_keys=True))
+        segment_layout=json.dumps(cap.layout.to_dict(), sort_keys=True),
+        causal=bool(call["causal"]), softmax_scale=call["scale"])
     return cap, params, ds
 
 
@@ -315,7 +321,8 @@ def build_jobs(cap, params: ScanParams, ds, todo: list[tuple[int, int, int]]) ->
             store_id=params.store_id, step=step, layer=layer,
             captured_heads=jobs[(si, li)].heads,
             heads=list(params.heads), spec=params.recipe_specs[ri], layout=layout,
-            rotated=rotated, n_queries=params.n_queries, dense_policy=params.dense_policy)
+            rotated=rotated, n_queries=params.n_queries, dense_policy=params.dense_policy,
+            causal=params.causal, scale=params.softmax_scale)
     return list(jobs.values())
 
 

@@ -62,6 +62,10 @@ class ScanParams:
     seq_len: int
     query_rows: tuple[int, ...]
     segment_layout: str = "{}"  # JSON of the capture's SegmentLayout
+    # how the capture's attention is replayed (CaptureReader.attention_call): keys after each
+    # row masked (decoder self-attention), and the softmax scale (None: 1/sqrt(D))
+    causal: bool = False
+    softmax_scale: float | None = None
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
