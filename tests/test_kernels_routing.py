@@ -31,6 +31,7 @@ from workbench.attention.sparsity import (  # noqa: E402
     vsa_select,
 )
 from workbench.kernels import routing  # noqa: E402
+from workbench.kernels.config import RoutingConfig  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import small_config, synthetic_qkv  # noqa: E402
 
@@ -39,7 +40,7 @@ from workbench.synthetic import small_config, synthetic_qkv  # noqa: E402
 # (8 heads of the synthetic input, interpreter, 2026-11-30, 5fd5ff3) 110-380 of 2.08M pairs fall
 # in the band and none of them is decided differently.
 ROUNDING_BAND = 1e-5
-FAST = routing.BlockPassConfig(rows=64)  # one sub-tile per block: fewer interpreter steps
+FAST = RoutingConfig(block_rows=64)  # one sub-tile per block: fewer interpreter steps
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
                               reason="interpreter tests; the GPU test covers CUDA")
@@ -248,7 +249,7 @@ def random_masks(shape, seed):
 @pytest.mark.parametrize("rows", [1, 4])
 def test_list_pass_equals_compact_blocks(shape, rows):
     m = random_masks(shape, seed=sum(shape) + rows)
-    blocks, counts = routing.mask_lists(m, config=routing.ListPassConfig(rows=rows))
+    blocks, counts = routing.mask_lists(m, config=RoutingConfig(list_rows=rows))
     ref_blocks, ref_counts = routing.compact_blocks(m)
     assert blocks.dtype == torch.int32 and counts.dtype == torch.int32
     assert blocks.shape == m.shape and counts.shape == m.shape[:-1]
@@ -256,7 +257,7 @@ def test_list_pass_equals_compact_blocks(shape, rows):
     # a strided (non-contiguous) mask reads the same
     wide = torch.zeros((*shape[:-1], 2 * shape[-1]), dtype=torch.bool)
     wide[..., ::2] = m
-    blocks, counts = routing.mask_lists(wide[..., ::2], config=routing.ListPassConfig(rows=rows))
+    blocks, counts = routing.mask_lists(wide[..., ::2], config=RoutingConfig(list_rows=rows))
     assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)
 
 
@@ -274,7 +275,7 @@ def test_sol_list_pass_equals_sol_exact_and_compact_blocks(nq, nk, band, prefix_
     twin = sol_exact(scores, theta, rec, prefix_len)
     blocks, counts, exact = routing.sol_lists(scores, theta, band,
                                               routing.sink_blocks(prefix_len, rec.sol_block),
-                                              config=routing.ListPassConfig(rows=2))
+                                              config=RoutingConfig(list_rows=2))
     assert exact.dtype == torch.bool and torch.equal(exact, twin)
     ref_blocks, ref_counts = routing.compact_blocks(twin)
     assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)
@@ -294,7 +295,7 @@ def test_vsa_list_pass_equals_vsa_select_and_compact_blocks(nk, prefix_len, mode
     n_sink = min(nk, routing.sink_blocks(prefix_len, rec.vsa_tile))
     exempt = mode == "exempt" and n_sink > 0
     blocks, counts, exact = routing.vsa_lists(scores, vsa_keep_count(rec, nk, n_sink), n_sink,
-                                              exempt, config=routing.ListPassConfig(rows=2))
+                                              exempt, config=RoutingConfig(list_rows=2))
     assert exact.dtype == torch.bool and torch.equal(exact, twin)
     ref_blocks, ref_counts = routing.compact_blocks(twin)
     assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)

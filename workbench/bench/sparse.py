@@ -280,9 +280,11 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         what = "block sums of Q, K, V" + (" + V extremes (replaces kv_stats)" if minmax else "")
         report["routing"].append(dict(what=what, ms=ms, read_tbs=n_bytes / (ms * 1e-3) / 1e12))
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
-    if cfg.sweep:  # the block-sum pass's launch shape (routing.BlockPassConfig), with extremes
+    if cfg.sweep:  # the block-sum pass's launch shape (config.RoutingConfig), with extremes
+        from workbench.kernels.config import RoutingConfig
+
         for rows, warps in ((32, 4), (64, 4), (64, 8), (16, 8)):
-            bp = routing.BlockPassConfig(rows=rows, num_warps=warps)
+            bp = RoutingConfig(block_rows=rows, block_warps=warps)
             ms = time_ms(lambda bp=bp: routing.block_sums(q, k, v, minmax=True, config=bp), dev,
                          cfg.rep_ms)
             what = f"block sums + V extremes [rows {rows}, {warps} warps]"

@@ -207,6 +207,31 @@ class SparseConfig:
 
 
 @dataclass(frozen=True)
+class RoutingConfig:
+    """Launch shapes of the routing passes (``routing.block_sums`` and the list pass of
+    ``routing.sol_lists`` / ``vsa_lists`` / ``mask_lists``).
+
+    block_rows: tokens per sub-tile of the block-sum pass (each 64-token block is summed as
+    64 / block_rows sub-tiles added elementwise, then one reduction: small per-thread
+    accumulators, several loads in flight); block_warps per program. list_rows: list rows
+    (b, h, i) per program of the list pass (each padded to a power of two of key blocks);
+    list_warps per program. Measured on the H200 at the H3 shape (2026-12-01): block sums +
+    V extremes 0.80 ms with 16 / 32 / 64 rows and 4 warps alike, 1.43-1.60 ms with 8 warps.
+    """
+
+    block_rows: int = 16
+    block_warps: int = 4
+    list_rows: int = 4
+    list_warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("block_rows", "list_rows"):
+            n = getattr(self, name)
+            if n < 1 or n & (n - 1):
+                raise ValueError(f"RoutingConfig.{name}: {n} is not a power of two")
+
+
+@dataclass(frozen=True)
 class KernelConfig:
     """The configs of one full recipe call (``dispatch.fp8_recipe_attention``)."""
 
@@ -214,6 +239,7 @@ class KernelConfig:
     quant: QuantConfig = field(default_factory=QuantConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     sparse: SparseConfig = field(default_factory=SparseConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
 
     @classmethod
     def h200(cls) -> KernelConfig:
@@ -232,6 +258,9 @@ class KernelConfig:
     def with_sparse(self, **overrides) -> KernelConfig:
         return replace(self, sparse=replace(self.sparse, **overrides))
 
+    def with_routing(self, **overrides) -> KernelConfig:
+        return replace(self, routing=replace(self.routing, **overrides))
+
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
@@ -239,13 +268,14 @@ class KernelConfig:
 
     @classmethod
     def from_overrides(cls, overrides: dict, base: KernelConfig | None = None) -> KernelConfig:
-        """``{"attention": {...}, "quant": {...}, "stats": {...}, "sparse": {...}}`` applied to
-        `base` (default DEFAULT); an unknown section or field raises ValueError naming it."""
+        """``{"attention": {...}, "quant": {...}, "stats": {...}, "sparse": {...},
+        "routing": {...}}`` applied to `base` (default DEFAULT); an unknown section or field
+        raises ValueError naming it."""
         cfg = base or DEFAULT
         for section, values in overrides.items():
-            if section not in ("attention", "quant", "stats", "sparse"):
+            if section not in ("attention", "quant", "stats", "sparse", "routing"):
                 raise ValueError(f"kernel config: unknown section {section!r} "
-                                 "(attention, quant, stats, sparse)")
+                                 "(attention, quant, stats, sparse, routing)")
             sub = getattr(cfg, section)
             try:
                 cfg = replace(cfg, **{section: replace(sub, **values)})

@@ -32,7 +32,7 @@ from workbench.recipes import AttentionRecipe, get_recipe
 
 from . import routing
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
-from .config import DEFAULT, KernelConfig
+from .config import DEFAULT, KernelConfig, RoutingConfig
 from .kv_stats import kv_stats
 from .quantize import bf16_operands, quantize_qkv
 
@@ -157,7 +157,8 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
                       config=config.stats)
         mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
     else:
-        mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale)
+        mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale,
+                                                   config.routing)
     if is_bf16_sparse(recipe):
         qkv = bf16_operands(q, k, v)
     else:
@@ -171,17 +172,19 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
 
 
 def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
-                   scale: float):
+                   scale: float, config: RoutingConfig = DEFAULT.routing):
     """(mu_k, mu_v, v_amax [B, Hkv, D], BlockRouting) of a sparse recipe from one read of Q, K,
     V: the block sums give the statistics the quantizer centres with (zeros where not smoothed)
-    and the routing, whose Sol summary blocks are centred with the same means."""
-    sums = routing.block_sums(q, k, v, block=64, minmax=True)
+    and the routing, whose Sol summary blocks are centred with the same means. config: the
+    routing passes' launch shapes."""
+    sums = routing.block_sums(q, k, v, block=64, minmax=True, config=config)
     mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
     if recipe.sparsity == "sol":
         r = routing.sol_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
-                                mu_k=mu_k, mu_v=mu_v)
+                                mu_k=mu_k, mu_v=mu_v, config=config)
     else:
-        r = routing.vsa_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums)
+        r = routing.vsa_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
+                                config=config)
     return mu_k, mu_v, v_amax, r
 
 

@@ -12,7 +12,8 @@ Which part runs where:
 - torch (small dense parts): block means, K/V centring of the block sums, the coarse scores
   [B, H, nq, nk] (nq = nk = 510 at the H3 shape) and Sol's thresholds theta [B, H, nq] (the
   twin's own ``sol_scores``, so the decisions are the twin's given the same sums).
-- Triton (``_lists_kernel``, one pass, ``ListPassConfig.rows`` list rows (b, h, i) per program):
+- Triton (``_lists_kernel``, one pass, ``RoutingConfig.list_rows`` list rows (b, h, i) per
+  program):
   Sol's decisions (score > theta, the diagonal band, the sink: bitwise ``sol_exact``) or VSA's
   top-k (the keep-th largest score of the row by a bitwise descent over its order-preserving
   integer keys: ``vsa_select`` up to ties at that score), and their compaction into the
@@ -54,20 +55,10 @@ from workbench.attention.sparsity import (
 )
 from workbench.recipes import AttentionRecipe, get_recipe
 
+from .config import DEFAULT, RoutingConfig
 from .e4m3 import interpreting
 
 
-@dataclass(frozen=True)
-class BlockPassConfig:
-    """Launch shape of the block-sum pass. rows: tokens per sub-tile (the block is summed as
-    block / rows sub-tiles added elementwise, then one reduction over rows: small per-thread
-    accumulators, several loads in flight)."""
-
-    rows: int = 16
-    num_warps: int = 4
-
-
-BLOCK_PASS = BlockPassConfig()
 
 
 @triton.jit
@@ -181,14 +172,14 @@ def _check_operands(q, k, v) -> tuple[int, int, int, int, int]:
 
 
 def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int = 64,
-               minmax: bool = False, config: BlockPassConfig = BLOCK_PASS) -> BlockSums:
+               minmax: bool = False, config: RoutingConfig = DEFAULT.routing) -> BlockSums:
     """One read of q [B, S, H, D], k / v [B, S, Hkv, D] -> ``BlockSums`` (see there)."""
     B, S, H, Hkv, D = _check_operands(q, k, v)
     if block < 1 or block & (block - 1):
         raise ValueError(f"block: {block} is not a power of two")
-    rows = min(config.rows, block)
+    rows = min(config.block_rows, block)
     if rows < 1 or rows & (rows - 1):
-        raise ValueError(f"BlockPassConfig.rows: {config.rows} is not a power of two")
+        raise ValueError(f"RoutingConfig.block_rows: {config.block_rows} is not a power of two")
     nb = triton.cdiv(S, block)
     f32 = {"dtype": torch.float32, "device": q.device}
     qsum = torch.empty((B, H, nb, D), **f32)
@@ -200,7 +191,7 @@ def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int 
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, BLOCK=block, ROWS=rows, MINMAX=minmax, num_warps=config.num_warps,
+        HEAD_D=D, BLOCK=block, ROWS=rows, MINMAX=minmax, num_warps=config.block_warps,
     )
     lens = torch.full((nb,), float(block), **f32)
     lens[-1] = S - (nb - 1) * block
@@ -256,16 +247,6 @@ def compact_blocks(exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocks, counts
 
 
-@dataclass(frozen=True)
-class ListPassConfig:
-    """Launch shape of the list pass: ``rows`` list rows per program (each padded to a power of
-    two of key blocks), ``num_warps`` per program."""
-
-    rows: int = 4
-    num_warps: int = 4
-
-
-LIST_PASS = ListPassConfig()
 
 
 @triton.jit
@@ -343,22 +324,22 @@ def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
     exact = mask if mode == "mask" else torch.empty((R, nk), dtype=torch.bool, device=device)
     if R == 0:
         return blocks, counts, exact
-    rows = config.rows
+    rows = config.list_rows
     if rows < 1 or rows & (rows - 1):
-        raise ValueError(f"ListPassConfig.rows: {rows} is not a power of two")
+        raise ValueError(f"RoutingConfig.list_rows: {rows} is not a power of two")
     # an unused operand's pointer is another tensor of the call (MODE is constexpr: never read)
     src = mask.view(torch.uint8) if mode == "mask" else scores
     _lists_kernel[(triton.cdiv(R, rows),)](
         src, theta if mode == "sol" else counts, src, blocks, counts, exact.view(torch.uint8),
         R, nq, nk, band, sink_blocks, keep or 0, src.stride(0), src.stride(0),
         NK_PAD=triton.next_power_of_2(nk), ROWS=rows, MODE=mode, EXEMPT=bool(exempt),
-        num_warps=config.num_warps,
+        num_warps=config.list_warps,
     )
     return blocks, counts, exact
 
 
 def sol_lists(scores: torch.Tensor, theta: torch.Tensor, band: int, sink_blocks: int, *,
-              config: ListPassConfig = LIST_PASS
+              config: RoutingConfig = DEFAULT.routing
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sol's decisions and lists in one pass. scores [..., nq, nk] FP32, theta [..., nq] FP32 (as
     ``sol_scores``), band: the diagonal half-width, sink_blocks: leading key blocks that are
@@ -378,7 +359,7 @@ def sol_lists(scores: torch.Tensor, theta: torch.Tensor, band: int, sink_blocks:
     return blocks.view(scores.shape), counts.view(theta.shape), exact.view(scores.shape)
 
 
-def mask_lists(exact: torch.Tensor, *, config: ListPassConfig = LIST_PASS
+def mask_lists(exact: torch.Tensor, *, config: RoutingConfig = DEFAULT.routing
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``compact_blocks`` in one pass: exact [..., nk] bool -> (blocks [..., nk] int32, counts
     [...] int32)."""
@@ -391,7 +372,7 @@ def mask_lists(exact: torch.Tensor, *, config: ListPassConfig = LIST_PASS
 
 
 def vsa_lists(scores: torch.Tensor, keep: int, sink_blocks: int, exempt: bool, *,
-              config: ListPassConfig = LIST_PASS
+              config: RoutingConfig = DEFAULT.routing
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """VSA's selection and lists in one pass: scores [..., nk] FP32 (coarse scores of tile
     means), the top ``keep`` per row; exempt: the first ``sink_blocks`` tiles are kept besides
@@ -444,11 +425,11 @@ def sol_centred(sums: BlockSums, mu_k: torch.Tensor, mu_v: torch.Tensor):
     return kc, vc
 
 
-def _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v):
+def _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v, config=DEFAULT.routing):
     """Shared front of Sol routing: (sums, qbar [B, H, nq, D], kc [B, H, nk, D], vc, c, group)."""
     B, S, H, Hkv, D = _check_operands(q, k, v)
     if sums is None:
-        sums = block_sums(q, k, v, block=recipe.sol_block, minmax=False)
+        sums = block_sums(q, k, v, block=recipe.sol_block, minmax=False, config=config)
     elif sums.block != recipe.sol_block or sums.seq_len != S:
         raise ValueError(f"sums: block {sums.block} / length {sums.seq_len} do not match the "
                          f"recipe's sol_block {recipe.sol_block} / S = {S}")
@@ -472,27 +453,31 @@ def _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v):
 def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 recipe: AttentionRecipe | str, *, layout: SegmentLayout | None = None,
                 scale: float | None = None, sums: BlockSums | None = None,
-                mu_k: torch.Tensor | None = None, mu_v: torch.Tensor | None = None
-                ) -> BlockRouting:
+                mu_k: torch.Tensor | None = None, mu_v: torch.Tensor | None = None,
+                config: RoutingConfig = DEFAULT.routing) -> BlockRouting:
     """Sol routing of q [B, S, H, D] against k, v [B, S, Hkv, D] (raw, unsmoothed operands).
 
     recipe: a ``sparsity="sol"`` recipe (tau, exact/diag threshold, band, block; its smoothing
     says whether kc / vc are centred). mu_k / mu_v [B, Hkv, D]: the means the quantizer centres
     with (default: from the block sums), so the summary route and the exact blocks agree.
-    sums: reuse a ``block_sums`` result (e.g. while sweeping tau).
+    sums: reuse a ``block_sums`` result (e.g. while sweeping tau). config: the passes' launch
+    shapes.
     """
     recipe = _recipe_for(recipe, "sol")
     layout = _layout_for(layout, q.shape[1])
-    sums, qbar, kc, vc, c, group = _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v)
+    sums, qbar, kc, vc, c, group = _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v,
+                                               config)
     scores, theta = sol_scores(qbar, _expand(kc, group), recipe, c)
     blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
-                                      sink_blocks(layout.prefix_len, recipe.sol_block))
+                                      sink_blocks(layout.prefix_len, recipe.sol_block),
+                                      config=config)
     return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc)
 
 
 def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 recipe: AttentionRecipe | str, *, layout: SegmentLayout | None = None,
-                scale: float | None = None, sums: BlockSums | None = None) -> BlockRouting:
+                scale: float | None = None, sums: BlockSums | None = None,
+                config: RoutingConfig = DEFAULT.routing) -> BlockRouting:
     """VSA tile selection of q [B, S, H, D] against k [B, S, Hkv, D] (raw K, as the twin): coarse
     scores of tile means, top ceil(keep * n) key tiles per query tile, prefix exempt / compete.
     Tiles are contiguous rows: permute the video rows into cube order first
@@ -501,7 +486,7 @@ def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, S, H, Hkv, D = _check_operands(q, k, v)
     layout = _layout_for(layout, S)
     if sums is None:
-        sums = block_sums(q, k, v, block=recipe.vsa_tile)
+        sums = block_sums(q, k, v, block=recipe.vsa_tile, config=config)
     elif sums.block != recipe.vsa_tile or sums.seq_len != S:
         raise ValueError(f"sums: block {sums.block} / length {sums.seq_len} do not match the "
                          f"recipe's vsa_tile {recipe.vsa_tile} / S = {S}")
@@ -514,9 +499,9 @@ def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     keep = vsa_keep_count(recipe, nk, n_sink)
     if exempt and n_sink == nk:  # every tile is prefix: all kept (vsa_select's mask |= prefix)
         exact = torch.ones_like(scores, dtype=torch.bool)
-        blocks, counts = mask_lists(exact)
+        blocks, counts = mask_lists(exact, config=config)
     else:
-        blocks, counts, exact = vsa_lists(scores, keep, n_sink, exempt)
+        blocks, counts, exact = vsa_lists(scores, keep, n_sink, exempt, config=config)
     return BlockRouting(blocks, counts, exact, recipe.vsa_tile, sums.lens)
 
 
