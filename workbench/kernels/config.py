@@ -2,6 +2,7 @@
 
 Every kernel entry point takes ``config=`` (``kv_stats(..., config=StatsConfig)``,
 ``quantize_qkv(..., config=QuantConfig)``, ``fp8_attention_fwd(..., config=AttentionConfig)``,
+``routing.block_sums(..., config=RoutingConfig)``,
 ``dispatch.fp8_recipe_attention(..., config=KernelConfig)``); the default is ``DEFAULT``, the
 values measured fastest on an H200 (BENCHMARKS.md). Nothing reads module globals for tuning, and
 every config computes the same values (only the attention config's ``flush`` changes how the FP8
