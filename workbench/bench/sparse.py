@@ -148,9 +148,10 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
 
     B, S, H, D = q.shape
     scale = D ** -0.5
-    sums = routing.block_sums(q, k, v, block=64, minmax=True)
+    rcfg = kernel_config.routing
+    sums = routing.block_sums(q, k, v, block=64, minmax=True, config=rcfg)
     mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
-    kw = dict(layout=layout, scale=scale, sums=sums)
+    kw = dict(layout=layout, scale=scale, sums=sums, config=rcfg)
     if recipe.sparsity == "sol":
         kw.update(mu_k=mu_k, mu_v=mu_v)
 
@@ -171,7 +172,8 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
                                  routing=rt, sparse=kernel_config.sparse)
 
     stages = [
-        ("block sums + V extremes", lambda: routing.block_sums(q, k, v, block=64, minmax=True)),
+        ("block sums + V extremes", lambda: routing.block_sums(q, k, v, block=64, minmax=True,
+                                                              config=rcfg)),
         ("routing (given the block sums)", lambda: routing.route(q, k, v, recipe, **kw)),
         ("quantizer", quant),
         ("attention launches", lambda: attend(r)),

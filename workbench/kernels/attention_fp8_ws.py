@@ -44,8 +44,10 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _producer(args):
-    """One warp: Q tiles of the CTA's consumers, then every K / V tile into the ring."""
+def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+    """One warp: Q tiles of the CTA's consumers, then every K / V tile into the ring (the
+    consumers' signature: warp_specialize's worker partitions share one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
      SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
      stride_ob, stride_os, stride_oh, row_start) = args
@@ -206,30 +208,6 @@ def _store_rows(acc, l_i, mlog, r0, args, mma: gl.constexpr, P_LOG2_SCALE: gl.co
 
 
 @gluon.jit
-def _consumer0(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
-    _consumer(args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)
-
-
-@gluon.jit
-def _consumer1(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
-    _consumer(args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)
-
-
-@gluon.jit
-def _consumer2(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
-    _consumer(args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)
-
-
-@gluon.jit
-def _producer_w(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-                WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
-    _producer(args)
-
-
-@gluon.jit
 def _fp8_attn_ws_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
@@ -261,14 +239,15 @@ def _fp8_attn_ws_kernel(
     args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
             stride_ob, stride_os, stride_oh, row_start)
-    # every partition takes the same arguments (the flags written out: a tuple variable would
-    # not keep them compile-time constants)
+    # one consumer function for the three consumers (their index a constexpr argument); every
+    # partition takes the same arguments, the flags written out (a tuple variable would not keep
+    # them compile-time constants)
     gl.static_assert(N_CONS == 3)
     gl.warp_specialize([
-        (_consumer0, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-        (_consumer1, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-        (_consumer2, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-        (_producer_w, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 

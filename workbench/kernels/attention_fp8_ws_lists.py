@@ -110,7 +110,10 @@ def _row_list(c: gl.constexpr, args):
 
 
 @gluon.jit
-def _producer(args):
+def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
+    """The producer warp (the consumers' signature: warp_specialize's worker partitions share
+    one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
      SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
      stride_ob, stride_os, stride_oh, row_start) = args[:28]
@@ -242,30 +245,6 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
 
 
 @gluon.jit
-def _consumer0(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
-               OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
-    _consumer(args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)
-
-
-@gluon.jit
-def _consumer1(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
-               OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
-    _consumer(args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)
-
-
-@gluon.jit
-def _consumer2(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
-               OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
-    _consumer(args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)
-
-
-@gluon.jit
-def _producer_w(args, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
-                OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
-    _producer(args)
-
-
-@gluon.jit
 def _fp8_attn_ws_lists_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
@@ -302,11 +281,12 @@ def _fp8_attn_ws_lists_kernel(
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
             stride_ob, stride_os, stride_oh, row_start,
             BLOCKS, COUNTS, N_QB, N_KB, bhk * n_scale, N_BH, SUM_O, SUM_ML, pid_q0)
+    # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
     gl.warp_specialize([
-        (_consumer0, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
-        (_consumer1, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
-        (_consumer2, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
-        (_producer_w, (args, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
