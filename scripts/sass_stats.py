@@ -98,6 +98,7 @@ def compile_ws_lists(overrides: dict):
              "*fp32", "*fp32", "*fp32", "*fp32", "*bf16", "*bf16"] + ["i32"] * 5 + ["fp32"]
     types += ["i32"] * 3 + ["*i32", "*i32", "i32", "i32", "i32"]
     types += ["*fp32", "*fp32"] if summary else ["constexpr", "constexpr"]
+    types += ["*i32", "i32"]  # ORDER, ORDER_STRIDE
     names = ws.arg_names
     sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
     cst = dict(STAGES=overrides.get("num_stages", DEFAULT.attention.num_stages),

@@ -159,13 +159,26 @@ def test_sparse_config_rules_and_refusals():
     assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
     assert SparseConfig(kv_splits=2).splits_for(28560, 132) == 2
     for bad in (dict(schedule="random"), dict(kv_splits=3), dict(summary_precision="fp8"),
-                dict(summary_chunk=48)):
+                dict(summary_chunk=48), dict(ws_grouping="random")):
         with pytest.raises(ValueError, match="SparseConfig"):
             SparseConfig(**bad)
     cfg = DEFAULT.from_overrides({"sparse": {"kv_splits": 4}})
     assert cfg.sparse.kv_splits == 4 and cfg.attention == DEFAULT.attention
     with pytest.raises(ValueError, match="section"):
         DEFAULT.from_overrides({"sparsity": {}})
+
+
+def test_ws_query_order_groups_blocks_of_like_list_length():
+    """The warp-specialized exact tiles' CTA grouping: per head a permutation of the query
+    blocks, longest list first, ties in sequence order; "consecutive" is one shared order."""
+    from workbench.kernels.attention_fp8_ws_lists import query_order
+
+    counts = torch.tensor([[[3, 9, 9, 1, 5], [2, 2, 2, 2, 2]]], dtype=torch.int32)
+    order = query_order(counts, "by_length")
+    assert order.dtype == torch.int32 and order.tolist() == [[1, 2, 4, 0, 3], [0, 1, 2, 3, 4]]
+    assert query_order(counts, "consecutive").tolist() == [[0, 1, 2, 3, 4]]
+    with pytest.raises(ValueError, match="grouping"):
+        query_order(counts, "random")
 
 
 def test_bf16_baselines_are_supported_only_as_they_are_emulated():

@@ -170,16 +170,20 @@ def test_ws_lists_kernel_matches_programs_kernel(name, S, Hkv, ws_calls):
                        smooth_v=rec.smooth_v, v_bias_correction=rec.v_bias_correction)
     odd = float((route.counts % 2 == 1).float().mean())  # lists ending in a half-masked tile
     outs = []
-    for schedule in ("rows", "warp_specialized"):
-        sp = SparseConfig(kv_splits=1, schedule=schedule)
+    # the CTAs' query blocks in sequence order and sorted by list length: the same rows
+    for schedule, grouping in (("rows", "consecutive"), ("warp_specialized", "consecutive"),
+                               ("warp_specialized", "by_length")):
+        sp = SparseConfig(kv_splits=1, schedule=schedule, ws_grouping=grouping)
         outs.append(fp8_attention_fwd(qkv, num_heads=H, scale=128**-0.5, routing=route,
                                       sparse=sp, return_lse=True, row_start=layout.prefix_len,
                                       out=torch.full_like(q, 7.0),
                                       p_scaling=rec.p_scaling))
-    (a, lse_a), (b, lse_b) = outs
-    assert ws_calls["lists"] == 1
-    assert b.isfinite().all() and (b[:, :layout.prefix_len] == 7.0).all()
-    print(f"GPU ws lists {name}: {int((a != b).sum())} of {a.numel()} differ "
-          f"(odd lists {odd:.2f})")
-    assert torch.equal(a, b)
-    torch.testing.assert_close(lse_b, lse_a, rtol=0, atol=1e-5)
+    (a, lse_a), *ws = outs
+    assert ws_calls["lists"] == 2
+    spread = int((route.counts.amax(-1) - route.counts.amin(-1)).max())
+    for grouping, (b, lse_b) in zip(("consecutive", "by_length"), ws):
+        assert b.isfinite().all() and (b[:, :layout.prefix_len] == 7.0).all()
+        print(f"GPU ws lists {name} ({grouping}): {int((a != b).sum())} of {a.numel()} differ "
+              f"(odd lists {odd:.2f}, list lengths spread {spread} within a head)")
+        assert torch.equal(a, b), grouping
+        torch.testing.assert_close(lse_b, lse_a, rtol=0, atol=1e-5)

@@ -708,7 +708,7 @@ def fp8_attention_fwd(
                                             row_start=row_start, out_f32=out_f32,
                                             p_log2_scale=P_LOG2_SCALES[p_scaling],
                                             sum_o=sp.sum_o, sum_ml=sp.sum_ml,
-                                            stages=c.num_stages)
+                                            stages=c.num_stages, grouping=sparse.ws_grouping)
         else:
             launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
     if sp and sp.splits > 1:

@@ -8,7 +8,10 @@ numerics this kernel repeats operation for operation: each tile is two 64-key bl
 (two TMA boxes, each with its own Q K^T and P @ V, one online-softmax step per tile), the last
 tile masked (an odd last entry, the partial last block of the sequence), then the merge of Sol's
 summary-pass state (``INIT_SUMMARY``) and the dense kernel's epilogue. What differs is the
-schedule, as in ``attention_fp8_ws``: a CTA takes three consecutive query blocks of one head;
+schedule, as in ``attention_fp8_ws``: a CTA takes three query blocks of one head, three
+consecutive entries of the head's ORDER (``SparseConfig.ws_grouping``: the query blocks in
+sequence order, or sorted by list length, longest first, so that a CTA's three lists are about
+as long: its consumers finish together instead of two of them waiting for the longest list);
 the producer warp reads their lists and loads every consumer's boxes into that consumer's own
 ring of STAGES slots (the lists differ, so nothing is shared), so the consumers issue no TMA
 loads or bookkeeping (only their next tile's two block indices and K scales, a tile ahead);
@@ -22,7 +25,9 @@ pass. Gluon does not run in the interpreter: the CPU tests compile it for sm_90a
 tests compare it with the Triton kernel.
 
 Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad]; lists BLOCKS
-[B * H * N_QB, N_KB] (ascending exact key blocks, ``COUNTS`` entries each, at least one).
+[B * H * N_QB, N_KB] (ascending exact key blocks, ``COUNTS`` entries each, at least one); ORDER
+[B * H, N_QB] int32 (row stride ORDER_STRIDE, 0 for one order shared by the heads): per head a
+permutation of its query blocks.
 """
 
 from __future__ import annotations
@@ -96,15 +101,22 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
 
 
 @gluon.jit
+def _query_block(c: gl.constexpr, args):
+    """Consumer c's query block: entry pid_q0 + c of its head's ORDER (the last entry again for
+    a consumer past the end, whose list is then empty)."""
+    bh, N_QB, pid_q0, ORDER, ORDER_STRIDE = args[18], args[30], args[36], args[37], args[38]
+    return gl.load(ORDER + bh * ORDER_STRIDE + gl.minimum(pid_q0 + c, N_QB - 1))
+
+
+@gluon.jit
 def _row_list(c: gl.constexpr, args):
     """(list pointer, entries, tiles, unmasked tiles) of consumer c's query block (no tiles past
     the last block)."""
     (S, bh, pid_q0, BLOCKS, COUNTS, N_QB, N_KB) = (
         args[15], args[18], args[36], args[28], args[29], args[30], args[31])
-    qb = pid_q0 + c
-    row = bh * N_QB + gl.minimum(qb, N_QB - 1)
+    row = bh * N_QB + _query_block(c, args)
     lst = BLOCKS + row.to(gl.int64) * N_KB
-    cnt = gl.where(qb < N_QB, gl.load(COUNTS + row), 0)
+    cnt = gl.where(pid_q0 + c < N_QB, gl.load(COUNTS + row), 0)
     n_full, n_all = _list_shape(lst, cnt, S)
     return lst, cnt, n_all, n_full
 
@@ -120,8 +132,8 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     HEAD_D: gl.constexpr = k_smem.shape[2]
     mbarrier.expect(q_bar, 3 * q_desc.block_type.nbytes)
     for c in gl.static_range(3):
-        tma.async_copy_global_to_shared(q_desc, [bh * S_pad + m0 + c * 64, 0], q_bar,
-                                        q_smem.index(c))
+        tma.async_copy_global_to_shared(q_desc, [bh * S_pad + _query_block(c, args) * 64, 0],
+                                        q_bar, q_smem.index(c))
     lists = (_row_list(0, args), _row_list(1, args), _row_list(2, args))
     n_max = gl.maximum(lists[0][2], gl.maximum(lists[1][2], lists[2][2]))
     kbase = bhk * S_pad
@@ -198,9 +210,10 @@ def _blocks(lst, cnt, n_all, i, args):
 @gluon.jit
 def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
-    """Consumer c: query block pid_q0 + c (nothing past the last block)."""
-    (q_smem, q_bar, SQ, S_pad, n_scale, bh, m0, qk_scale_log2, pid_q0, N_QB, N_BH, SUM_O,
-     SUM_ML) = (args[3], args[6], args[9], args[16], args[17], args[18], args[22], args[23],
+    """Consumer c: the query block of entry pid_q0 + c of the head's ORDER (nothing past the
+    last entry)."""
+    (q_smem, q_bar, SQ, S_pad, n_scale, bh, qk_scale_log2, pid_q0, N_QB, N_BH, SUM_O,
+     SUM_ML) = (args[3], args[6], args[9], args[16], args[17], args[18], args[23],
                 args[36], args[30], args[33], args[34], args[35])
     HEAD_D: gl.constexpr = q_smem.shape[2]
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -208,8 +221,8 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, HEAD_D, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
-    qb = pid_q0 + c
-    if qb < N_QB:
+    if pid_q0 + c < N_QB:
+        qb = _query_block(c, args)
         lst, cnt, n_all, n_full = _row_list(c, args)
         qs = gl.load(SQ + bh * n_scale + qb) * qk_scale_log2
         m_i = gl.full([64], float("-inf"), gl.float32, rows)
@@ -226,7 +239,7 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         if n_full < n_all:
             acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, blocks, cnt, c,
                                          args, mma64, mma, P_LOG2_SCALE, PERM_P)
-        r0 = m0 + c * 64
+        r0 = qb * 64
         if INIT_SUMMARY:
             # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
             # as the Triton kernel does
@@ -248,7 +261,7 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
 def _fp8_attn_ws_lists_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
-    BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML,
+    BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML, ORDER, ORDER_STRIDE,
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
     INIT_SUMMARY: gl.constexpr,
@@ -276,11 +289,12 @@ def _fp8_attn_ws_lists_kernel(
     fence_async_shared()
     # the dense kernel's 28 arguments first (its epilogue helper reads them), then the lists':
     # 28 BLOCKS, 29 COUNTS, 30 N_QB, 31 N_KB, 32 the K scales' offset, 33 N_BH, 34 SUM_O,
-    # 35 SUM_ML, 36 the first query block
+    # 35 SUM_ML, 36 the CTA's first ORDER entry, 37 ORDER, 38 ORDER_STRIDE
     args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
             stride_ob, stride_os, stride_oh, row_start,
-            BLOCKS, COUNTS, N_QB, N_KB, bhk * n_scale, N_BH, SUM_O, SUM_ML, pid_q0)
+            BLOCKS, COUNTS, N_QB, N_KB, bhk * n_scale, N_BH, SUM_O, SUM_ML, pid_q0, ORDER,
+            ORDER_STRIDE)
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
     gl.warp_specialize([
         (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
@@ -290,14 +304,30 @@ def _fp8_attn_ws_lists_kernel(
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
+def query_order(counts: torch.Tensor, grouping: str) -> torch.Tensor:
+    """ORDER of the kernel from the list lengths counts [B, H, nq]: [1, nq] int32 (the query
+    blocks in sequence order, shared by the heads) for "consecutive"; [B * H, nq] for
+    "by_length" (per head the query blocks by list length, longest first; ties in sequence
+    order)."""
+    nq = counts.shape[-1]
+    if grouping == "consecutive":
+        return torch.arange(nq, dtype=torch.int32, device=counts.device)[None]
+    if grouping == "by_length":
+        return torch.argsort(counts.reshape(-1, nq), dim=1, descending=True,
+                             stable=True).to(torch.int32)
+    raise ValueError(f"grouping: {grouping!r}; choose 'consecutive' or 'by_length'")
+
+
 def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: int,
                            out_f32: bool, p_log2_scale: float, sum_o=None, sum_ml=None,
-                           stages: int = 2):
+                           stages: int = 2, grouping: str = "by_length"):
     """The exact tiles of block-sparse attention on the warp-specialized schedule, into `out`
-    (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge."""
+    (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge;
+    grouping: which query blocks share a CTA (``query_order``)."""
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     nq, nk = routing.exact.shape[-2:]
+    order = query_order(routing.counts, grouping)
     qd, kd, vd = descriptors(qkv, block_n=64)  # one 64-token box per key block
     grid = (triton.cdiv(nq, CONSUMERS), B * H)
     _fp8_attn_ws_lists_kernel[grid](
@@ -306,7 +336,7 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
         qkv.seq_len, S_pad, H, H // Hkv, row_start, scale * LOG2E,
         out.stride(0), out.stride(1), out.stride(2),
         routing.blocks.contiguous(), routing.counts.contiguous(), nq, nk, B * H,
-        sum_o, sum_ml,
+        sum_o, sum_ml, order, order.stride(0) if order.shape[0] > 1 else 0,
         STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
         PERM_P=bool(qkv.v_perm), WRITE_LSE=lse is not None, OUT_F32=out_f32,
         INIT_SUMMARY=sum_o is not None, num_warps=4, maxnreg=MAXNREG,

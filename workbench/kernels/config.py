@@ -132,6 +132,7 @@ class StatsConfig:
 
 
 SCHEDULES = ("rows", "heavy_first", "warp_specialized")
+WS_GROUPINGS = ("consecutive", "by_length")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
 
 
@@ -166,6 +167,10 @@ class SparseConfig:
     rounded to before).
     maxnreg: the register cap of the exact-tile launch (None: none); the separate summary pass
     runs uncapped.
+    ws_grouping: which three query blocks of a head share a CTA of the warp-specialized exact
+    tiles: "consecutive" (sequence order) or "by_length" (sorted by exact-list length, longest
+    first: the CTA's time is its longest list, and at Sol tau 1 on synthetic H3 inputs the three
+    consecutive lists keep its consumers busy 95% of that time, 100% when sorted).
     Measured on the H200 at the H3 shape, Sol tau 1 (density 0.149), full calls (BENCHMARKS.md,
     2026-12-01): the defaults 11.7 ms; heavy-first 12.7, kv_splits 2 11.9, no register cap 11.9,
     gathered loads 12.6, summary chunk 16 / 64 11.8 / 11.7 (chunk 64 within noise, kept 32).
@@ -183,8 +188,12 @@ class SparseConfig:
     summary_precision: str = "bf16"
     tma: bool = True
     maxnreg: int | None = 168
+    ws_grouping: str = "consecutive"
 
     def __post_init__(self) -> None:
+        if self.ws_grouping not in WS_GROUPINGS:
+            raise ValueError(f"SparseConfig.ws_grouping: {self.ws_grouping!r}; choose one of "
+                             f"{WS_GROUPINGS}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"SparseConfig.schedule: {self.schedule!r}; choose one of "
                              f"{SCHEDULES}")
