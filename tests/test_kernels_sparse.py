@@ -313,3 +313,38 @@ def test_gpu_prefix_rows_on_a_side_stream_give_the_same_bits():
             b = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
             assert torch.equal(a, b), name
         assert a.isfinite().all()
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_kv_quantizer_on_a_side_stream_gives_the_same_bits():
+    """K's and V's quantizer passes on a side stream (``SparseConfig.kv_quant_stream``, the
+    default) against the serial order: the same output and LSE bits for Sol (its summary pass
+    runs before the wait), VSA and a p_scaling variant, with and without the prefix-row stream,
+    three calls in a row (the side stream's buffers are reused safely); the quantizer's K/V
+    codes the same as ``quantize_qkv``'s."""
+    from workbench.kernels.quantize import quantize_kv, quantize_qkv, v_channel_scale
+
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=5, prefix=(14, 100), device="cuda")
+    serial = DEFAULT.with_sparse(kv_quant_stream=False)
+    no_prefix_stream = DEFAULT.with_attention(prefix_stream=False)
+    for name in ("fp8_sol_kv_corrected", "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
+                 "fp8_sol_kv_corrected:p_scaling=exp2_offset8,sol_threshold=diag"):
+        a, lse_a = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=serial,
+                                                 return_lse=True)
+        for cfg in (DEFAULT, DEFAULT, no_prefix_stream):
+            b, lse_b = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=cfg,
+                                                     return_lse=True)
+            assert torch.equal(a, b) and torch.equal(lse_a, lse_b), name
+        assert a.isfinite().all()
+    mu_k, mu_v, v_amax, _ = dispatch.sparse_routing(q, k, v, get_recipe("fp8_sol_kv_corrected"),
+                                                    layout, 128**-0.5)
+    full = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=True, smooth_v=True,
+                        v_bias_correction=True)
+    kv = quantize_kv(k, v, mu_k, mu_v, v_amax, v_channel_scale(v_amax), smooth_k=True,
+                     smooth_v=True, v_bias_correction=True)
+    for name in ("k8", "k_scale", "v8t", "v_corr", "v_scale"):
+        x, y = getattr(full, name), getattr(kv, name)
+        if x.dtype == torch.float8_e4m3fn:  # codes: compare the bytes
+            x, y = x.view(torch.uint8), y.view(torch.uint8)
+        assert torch.equal(x, y), name

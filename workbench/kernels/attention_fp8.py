@@ -621,6 +621,7 @@ def fp8_attention_fwd(
     config: AttentionConfig = DEFAULT.attention,
     routing=None,
     sparse: SparseConfig = DEFAULT.sparse,
+    kv_ready=None,
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
@@ -632,6 +633,9 @@ def fp8_attention_fwd(
     the quantizer): only the key blocks of each query block's exact list run, and Sol's summary
     route adds the other blocks (when ``routing.kc`` is set); needs config.block_m = 64. sparse:
     its schedule, KV splits and summary route (``config.SparseConfig``).
+    kv_ready: a CUDA event after which qkv's K and V parts (k8, k_scale, v8t, v_corr) are
+    written, e.g. by a side stream: the current stream waits for it before the first launch that
+    reads them (Sol's summary pass, which reads Q and the routing only, runs before the wait).
     """
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
@@ -649,6 +653,7 @@ def fp8_attention_fwd(
         # another schedule (config.AttentionConfig.schedule)
         from .attention_fp8_ws import fp8_attention_fwd_ws
 
+        _wait(kv_ready)
         return fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
                                     out_dtype=out_dtype, row_start=row_start,
                                     return_lse=return_lse, out_f32=out_f32, p_scaling=p_scaling,
@@ -696,11 +701,13 @@ def fp8_attention_fwd(
         )
 
     if sp is None:
+        _wait(kv_ready)
         launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
     else:
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
             sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
             launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
+        _wait(kv_ready)  # the exact tiles read K and V
         from . import attention_fp8_ws_lists as ws_lists
 
         if ws_lists.applies(qkv, sparse, sp.splits, c):  # the exact tiles, warp-specialized
@@ -721,6 +728,12 @@ def fp8_attention_fwd(
             num_warps=4,
         )
     return out, lse
+
+
+def _wait(event) -> None:
+    """The current stream waits for `event` (None: nothing to wait for)."""
+    if event is not None:
+        torch.cuda.current_stream().wait_event(event)
 
 
 @dataclass

@@ -171,6 +171,10 @@ class SparseConfig:
     tiles: "consecutive" (sequence order) or "by_length" (sorted by exact-list length, longest
     first: the CTA's time is its longest list, and at Sol tau 1 on synthetic H3 inputs the three
     consecutive lists keep its consumers busy 95% of that time, 100% when sorted).
+    kv_quant_stream: a sparse FP8 call quantizes K and V on a side CUDA stream, concurrently with
+    the routing, Q's quantization and Sol's summary pass (none of which reads them; the exact
+    tiles wait for it): the memory-bound quantizer passes fill the SMs that the routing's small
+    launches and the summary pass leave idle. The same output bits either way.
     Measured on the H200 at the H3 shape, Sol tau 1 (density 0.149), full calls (BENCHMARKS.md,
     2026-12-01): the defaults 11.7 ms; heavy-first 12.7, kv_splits 2 11.9, no register cap 11.9,
     gathered loads 12.6, summary chunk 16 / 64 11.8 / 11.7 (chunk 64 within noise, kept 32).
@@ -189,6 +193,7 @@ class SparseConfig:
     tma: bool = True
     maxnreg: int | None = 168
     ws_grouping: str = "consecutive"
+    kv_quant_stream: bool = True
 
     def __post_init__(self) -> None:
         if self.ws_grouping not in WS_GROUPINGS:
