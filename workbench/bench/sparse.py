@@ -134,7 +134,7 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),
-        ("CTAs grouped by list length", base.with_sparse(ws_grouping="by_length")),
+        ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
         ("K/V quantizer in order (no side stream)", base.with_sparse(kv_quant_stream=False)),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]

@@ -192,7 +192,7 @@ class SparseConfig:
     summary_precision: str = "bf16"
     tma: bool = True
     maxnreg: int | None = 168
-    ws_grouping: str = "consecutive"
+    ws_grouping: str = "by_length"
     kv_quant_stream: bool = True
 
     def __post_init__(self) -> None:
