@@ -622,6 +622,7 @@ def fp8_attention_fwd(
     routing=None,
     sparse: SparseConfig = DEFAULT.sparse,
     kv_ready=None,
+    stop_after_summary: bool = False,
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
@@ -636,6 +637,9 @@ def fp8_attention_fwd(
     kv_ready: a CUDA event after which qkv's K and V parts (k8, k_scale, v8t, v_corr) are
     written, e.g. by a side stream: the current stream waits for it before the first launch that
     reads them (Sol's summary pass, which reads Q and the routing only, runs before the wait).
+    stop_after_summary: run Sol's summary pass only and return its state (sum_o [B * H, S_pad,
+    D], sum_ml [2, B * H, S_pad]: the acc, and the row max in log2 units and the row sum), as
+    the exact tiles would merge it (tests, per-pass timing).
     """
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
@@ -704,9 +708,20 @@ def fp8_attention_fwd(
         _wait(kv_ready)
         launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
     else:
-        if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
+        if sp.sum_o is not None and sparse.summary_schedule == "walk":
+            from .summary import summary_walk  # Sol's summary route over every key block
+
+            summary_walk(qkv, routing, *sp.args[3:6], sp.sum_o, sp.sum_ml, scale=scale,
+                         p_scaling=p_scaling, summary_precision=sparse.summary_precision,
+                         chunk=sparse.summary_chunk, query_blocks=sparse.summary_query_blocks,
+                         num_warps=sparse.summary_warps)
+        elif sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
             sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
             launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
+        if stop_after_summary:
+            if sp.sum_o is None:
+                raise ValueError("stop_after_summary: this routing has no summary route (Sol)")
+            return sp.sum_o, sp.sum_ml
         _wait(kv_ready)  # the exact tiles read K and V
         from . import attention_fp8_ws_lists as ws_lists
 

@@ -133,6 +133,7 @@ class StatsConfig:
 
 SCHEDULES = ("rows", "heavy_first", "warp_specialized")
 WS_GROUPINGS = ("consecutive", "by_length")
+SUMMARY_SCHEDULES = ("gathered", "walk")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
 
 
@@ -171,6 +172,11 @@ class SparseConfig:
     tiles: "consecutive" (sequence order) or "by_length" (sorted by exact-list length, longest
     first: the CTA's time is its longest list, and at Sol tau 1 on synthetic H3 inputs the three
     consecutive lists keep its consumers busy 95% of that time, 100% when sorted).
+    summary_schedule: Sol's summary pass as "gathered" (one query block per program, over its
+    compacted list of not-exact blocks, kc / vc rows gathered per program) or "walk"
+    (``summary.py``: summary_query_blocks query blocks per program of summary_warps warps, over
+    every key block in order with each row's exact blocks masked: each kc / vc chunk loaded once
+    for all the program's rows).
     kv_quant_stream: a sparse FP8 call quantizes K and V on a side CUDA stream, concurrently with
     the routing, Q's quantization and Sol's summary pass (none of which reads them; the exact
     tiles wait for it): the memory-bound quantizer passes fill the SMs that the routing's small
@@ -194,8 +200,17 @@ class SparseConfig:
     maxnreg: int | None = 168
     ws_grouping: str = "by_length"
     kv_quant_stream: bool = True
+    summary_schedule: str = "gathered"
+    summary_query_blocks: int = 2
+    summary_warps: int = 8
 
     def __post_init__(self) -> None:
+        if self.summary_schedule not in SUMMARY_SCHEDULES:
+            raise ValueError(f"SparseConfig.summary_schedule: {self.summary_schedule!r}; choose "
+                             f"one of {SUMMARY_SCHEDULES}")
+        if self.summary_query_blocks not in (1, 2, 4):
+            raise ValueError(f"SparseConfig.summary_query_blocks: {self.summary_query_blocks}; "
+                             "choose 1, 2 or 4")
         if self.ws_grouping not in WS_GROUPINGS:
             raise ValueError(f"SparseConfig.ws_grouping: {self.ws_grouping!r}; choose one of "
                              f"{WS_GROUPINGS}")

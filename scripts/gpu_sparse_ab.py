@@ -1,0 +1,107 @@
+"""Interleaved A/B timing of the sparse kernel's options at the Sol anchor (GPU).
+
+The option sweep of ``workbench bench sparse`` times each option once, in sequence; between two
+sweeps of unchanged code its rows moved by up to 0.5 ms (H200, 2026-12-01), more than the options
+it compares. This script times the options in ROUNDS interleaved rounds (each a do_bench median)
+and reports the median over rounds and the spread, then one torch-profiler view of a default call
+(GPU busy time per kernel and the call's span).
+
+    python3 scripts/gpu_sparse_ab.py [--rounds 7] [--rep-ms 150] [--heads 56] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workbench.bench.harness import median_ms  # noqa: E402
+from workbench.bench.sparse import sweep_configs  # noqa: E402
+from workbench.kernels.config import DEFAULT  # noqa: E402
+from workbench.kernels.dispatch import fp8_recipe_attention  # noqa: E402
+from workbench.recipes import get_recipe  # noqa: E402
+from workbench.synthetic import H3_SYNTHETIC, synthetic_qkv  # noqa: E402
+
+LABELS = ("default", "CTAs of consecutive query blocks", "K/V quantizer in order (no side stream)",
+          "summary walk, 2 query blocks x 8 warps",
+          "summary walk, 2 query blocks x 8 warps, chunk 64",
+          "summary walk, 1 query block x 4 warps")
+
+
+def profile_call(fn, n: int = 3) -> list[dict]:
+    """[{kernel, ms per call}] of n calls, plus the calls' mean GPU span."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    rows, t0, t1 = {}, None, None
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        rows[e.name] = rows.get(e.name, 0.0) + e.device_time_total / 1e3 / n
+        s, f = e.time_range.start, e.time_range.end
+        t0 = s if t0 is None else min(t0, s)
+        t1 = f if t1 is None else max(t1, f)
+    out = [{"kernel": k[:90], "ms_per_call": round(v, 4)} for k, v in
+           sorted(rows.items(), key=lambda kv: -kv[1])]
+    out.append({"kernel": "(span of the calls / n, incl. gaps)",
+                "ms_per_call": round((t1 - t0) / 1e3 / n, 4)})
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rep-ms", type=int, default=150)
+    p.add_argument("--heads", type=int, default=56)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    syn = replace(H3_SYNTHETIC, heads=a.heads)
+    q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device="cuda"))
+    rec = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=1.0)
+    cfgs = dict(sweep_configs(DEFAULT))
+    cfgs = {lab: cfgs[lab] for lab in LABELS}
+    times = {lab: [] for lab in cfgs}
+    for lab, cfg in cfgs.items():  # compile + warm
+        fp8_recipe_attention(q, k, v, rec, layout=syn.layout, config=cfg)
+    for r in range(a.rounds):
+        for lab, cfg in cfgs.items():
+            times[lab].append(median_ms(lambda cfg=cfg: fp8_recipe_attention(
+                q, k, v, rec, layout=syn.layout, config=cfg), rep_ms=a.rep_ms))
+        print(f"round {r + 1}/{a.rounds} done", flush=True)
+    rows = [{"option": lab, "median_ms": statistics.median(t), "min_ms": min(t),
+             "max_ms": max(t)} for lab, t in times.items()]
+    walk = cfgs["summary walk, 2 query blocks x 8 warps"]
+    prof = profile_call(lambda: fp8_recipe_attention(q, k, v, rec, layout=syn.layout))
+    prof_walk = profile_call(lambda: fp8_recipe_attention(q, k, v, rec, layout=syn.layout,
+                                                          config=walk))
+    print("| option | median of rounds ms | min | max |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['option']} | {r['median_ms']:.3f} | {r['min_ms']:.3f} | {r['max_ms']:.3f} |")
+    print("\n| kernel (default call, torch profiler) | ms per call |\n|---|---|")
+    for r in prof[:8] + prof[-1:]:
+        print(f"| {r['kernel']} | {r['ms_per_call']:.3f} |")
+    print("\n| kernel (summary walk call) | ms per call |\n|---|---|")
+    for r in prof_walk[:8] + prof_walk[-1:]:
+        print(f"| {r['kernel']} | {r['ms_per_call']:.3f} |")
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        Path(a.out, "ab.json").write_text(json.dumps({"rows": rows, "rounds": times,
+                                                      "profile": prof,
+                                                      "profile_walk": prof_walk}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
