@@ -7,6 +7,7 @@ and reports the median over rounds and the spread, then one torch-profiler view 
 (GPU busy time per kernel and the call's span).
 
     python3 scripts/gpu_sparse_ab.py [--rounds 7] [--rep-ms 150] [--heads 56] [--out DIR]
+        [--labels LABEL ...]
 """
 
 from __future__ import annotations
@@ -29,10 +30,7 @@ from workbench.kernels.dispatch import fp8_recipe_attention  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import H3_SYNTHETIC, synthetic_qkv  # noqa: E402
 
-LABELS = ("default", "CTAs of consecutive query blocks", "K/V quantizer in order (no side stream)",
-          "summary walk, 2 query blocks x 8 warps",
-          "summary walk, 2 query blocks x 8 warps, chunk 64",
-          "summary walk, 1 query block x 4 warps")
+LABELS = ("default", "CTAs of consecutive query blocks", "prefix rows after the FP8 passes")
 
 
 def profile_call(fn, n: int = 3) -> list[dict]:
@@ -66,12 +64,14 @@ def main(argv=None) -> int:
     p.add_argument("--rep-ms", type=int, default=150)
     p.add_argument("--heads", type=int, default=56)
     p.add_argument("--out", default=None)
+    p.add_argument("--labels", nargs="+", default=list(LABELS),
+                   help="option labels of workbench.bench.sparse.sweep_configs")
     a = p.parse_args(argv)
     syn = replace(H3_SYNTHETIC, heads=a.heads)
     q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device="cuda"))
     rec = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=1.0)
     cfgs = dict(sweep_configs(DEFAULT))
-    cfgs = {lab: cfgs[lab] for lab in LABELS}
+    cfgs = {lab: cfgs[lab] for lab in a.labels}
     times = {lab: [] for lab in cfgs}
     for lab, cfg in cfgs.items():  # compile + warm
         fp8_recipe_attention(q, k, v, rec, layout=syn.layout, config=cfg)
@@ -82,24 +82,17 @@ def main(argv=None) -> int:
         print(f"round {r + 1}/{a.rounds} done", flush=True)
     rows = [{"option": lab, "median_ms": statistics.median(t), "min_ms": min(t),
              "max_ms": max(t)} for lab, t in times.items()]
-    walk = cfgs["summary walk, 2 query blocks x 8 warps"]
     prof = profile_call(lambda: fp8_recipe_attention(q, k, v, rec, layout=syn.layout))
-    prof_walk = profile_call(lambda: fp8_recipe_attention(q, k, v, rec, layout=syn.layout,
-                                                          config=walk))
     print("| option | median of rounds ms | min | max |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['option']} | {r['median_ms']:.3f} | {r['min_ms']:.3f} | {r['max_ms']:.3f} |")
     print("\n| kernel (default call, torch profiler) | ms per call |\n|---|---|")
     for r in prof[:8] + prof[-1:]:
         print(f"| {r['kernel']} | {r['ms_per_call']:.3f} |")
-    print("\n| kernel (summary walk call) | ms per call |\n|---|---|")
-    for r in prof_walk[:8] + prof_walk[-1:]:
-        print(f"| {r['kernel']} | {r['ms_per_call']:.3f} |")
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         Path(a.out, "ab.json").write_text(json.dumps({"rows": rows, "rounds": times,
-                                                      "profile": prof,
-                                                      "profile_walk": prof_walk}, indent=1))
+                                                      "profile": prof}, indent=1))
     return 0
 
 

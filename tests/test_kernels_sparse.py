@@ -30,7 +30,6 @@ from workbench.kernels import dispatch  # noqa: E402
 from workbench.kernels.attention_fp8 import fp8_attention_fwd  # noqa: E402
 from workbench.kernels.config import DEFAULT, SparseConfig  # noqa: E402
 from workbench.kernels.quantize import quantize_qkv  # noqa: E402
-from workbench.kernels.routing import mask_lists  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import small_config, synthetic_qkv  # noqa: E402
 
@@ -124,51 +123,6 @@ def test_sparse_kernel_error_within_125_percent_of_the_emulation(S, H, Hkv, D, n
     rows = slice(layout.prefix_len, None)  # prefix rows: the kernel's LSE is of its FP8 rows
     lse_k = lse.transpose(1, 2)[:, rows].double()
     assert float((lse_k - emu.lse[:, rows].double()).abs().max()) < 2e-2
-
-
-@cpu_only
-@pytest.mark.parametrize("S,H,Hkv,D,qb,prec,name", [
-    (330, 2, 1, 64, 2, "ieee", "fp8_sol_kv_corrected:sol_tau=0.5"),  # partial last block, GQA
-    (450, 2, 2, 128, 4, "bf16", "fp8_sol_kv_corrected:sol_threshold=diag,sol_tau=0.3"),
-    (200, 2, 2, 64, 1, "bf16", "fp8_sol_k:sol_tau=0.5,p_scaling=exp2_offset8"),
-])
-def test_summary_walk_state_and_output_match_the_gathered_pass(S, H, Hkv, D, qb, prec, name):
-    """Sol's summary pass walking every key block with the exact ones masked (``summary.py``)
-    against the gathered pass: the state handed to the exact tiles equal up to FP32 summation
-    order (and, with BF16 operands, the weights' rounding at another running max), rows whose
-    blocks are all exact included (m = -inf, l = 0, acc = 0), and the call's output within 5% of
-    the gathered one's error from float64 (their accuracy against the emulation: the GPU
-    tests)."""
-    q, k, v, layout = synthetic(S, H, Hkv, D, seed=S + qb)
-    rec = get_recipe(name)
-    ref, _ = dense_attention_f64(q, k, v)
-    qkv, route = operands(q, k, v, rec, layout)
-    exact = route.exact.clone()
-    exact[0, 0, 1] = True  # a query block without summary blocks: its state stays empty
-    blocks, counts = mask_lists(exact)
-    route = replace(route, blocks=blocks, counts=counts, exact=exact)
-    kw = dict(num_heads=H, scale=D**-0.5, return_lse=True, routing=route)
-    states, outs = [], []
-    rows = route.exact.shape[-2] * 64
-    for sched in ("gathered", "walk"):
-        sp = SparseConfig(kv_splits=1, summary_precision=prec, summary_schedule=sched,
-                          summary_query_blocks=qb, summary_chunk=16)
-        outs.append(fp8_attention_fwd(qkv, sparse=sp, p_scaling=rec.p_scaling, **kw))
-        o, ml = fp8_attention_fwd(qkv, sparse=sp, p_scaling=rec.p_scaling,
-                                  stop_after_summary=True, **kw)
-        states.append((o[:, :rows], ml[0, :, :rows], ml[1, :, :rows]))
-    (o_g, m_g, l_g), (o_w, m_w, l_w) = states
-    assert torch.equal(torch.isinf(m_g), torch.isinf(m_w)) and bool(torch.isinf(m_w).any())
-    fin = torch.isfinite(m_g)
-    tol = 1e-5 if prec == "ieee" else 4e-3
-    assert float((m_w[fin] - m_g[fin]).abs().max()) < 1e-4
-    assert float(((l_w - l_g).abs() / l_g.clamp(min=1e-30))[fin].max()) < tol
-    assert rel_l2(o_w[fin], o_g[fin].double()) < tol
-    assert bool((l_w[~fin] == 0).all()) and bool((o_w[~fin] == 0).all())
-    (out_g, lse_g), (out_w, lse_w) = outs
-    # (the routing was changed above: the emulation's own error is no bound here)
-    assert rel_l2(out_w, out_g.double()) < 0.05 * rel_l2(out_g, ref)
-    assert float((lse_w - lse_g).abs().max()) < 1e-3
 
 
 @cpu_only
@@ -294,14 +248,6 @@ hopper = pytest.mark.skipif(
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
     ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
-    # Sol's summary pass walking every key block (summary.py)
-    ((4111, 4, 2, 128), "fp8_sol_kv_corrected",
-     SparseConfig(kv_splits=1, summary_schedule="walk")),
-    ((2000, 4, 2, 64), "fp8_sol_k:sol_threshold=diag,p_scaling=exp2_offset8",
-     SparseConfig(summary_schedule="walk", summary_query_blocks=4, summary_chunk=64)),
-    ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sol_tau=0.5",
-     SparseConfig(kv_splits=1, summary_schedule="walk", summary_query_blocks=1,
-                  summary_warps=4, summary_precision="tf32")),
 ])
 def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
     S, H, Hkv, D = shape
@@ -367,38 +313,3 @@ def test_gpu_prefix_rows_on_a_side_stream_give_the_same_bits():
             b = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
             assert torch.equal(a, b), name
         assert a.isfinite().all()
-
-
-@pytest.mark.gpu
-@hopper
-def test_gpu_kv_quantizer_on_a_side_stream_gives_the_same_bits():
-    """K's and V's quantizer passes on a side stream (``SparseConfig.kv_quant_stream``, the
-    default) against the serial order: the same output and LSE bits for Sol (its summary pass
-    runs before the wait), VSA and a p_scaling variant, with and without the prefix-row stream,
-    three calls in a row (the side stream's buffers are reused safely); the quantizer's K/V
-    codes the same as ``quantize_qkv``'s."""
-    from workbench.kernels.quantize import quantize_kv, quantize_qkv, v_channel_scale
-
-    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=5, prefix=(14, 100), device="cuda")
-    serial = DEFAULT.with_sparse(kv_quant_stream=False)
-    no_prefix_stream = DEFAULT.with_attention(prefix_stream=False)
-    for name in ("fp8_sol_kv_corrected", "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
-                 "fp8_sol_kv_corrected:p_scaling=exp2_offset8,sol_threshold=diag"):
-        a, lse_a = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=serial,
-                                                 return_lse=True)
-        for cfg in (DEFAULT, DEFAULT, no_prefix_stream):
-            b, lse_b = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=cfg,
-                                                     return_lse=True)
-            assert torch.equal(a, b) and torch.equal(lse_a, lse_b), name
-        assert a.isfinite().all()
-    mu_k, mu_v, v_amax, _ = dispatch.sparse_routing(q, k, v, get_recipe("fp8_sol_kv_corrected"),
-                                                    layout, 128**-0.5)
-    full = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=True, smooth_v=True,
-                        v_bias_correction=True)
-    kv = quantize_kv(k, v, mu_k, mu_v, v_amax, v_channel_scale(v_amax), smooth_k=True,
-                     smooth_v=True, v_bias_correction=True)
-    for name in ("k8", "k_scale", "v8t", "v_corr", "v_scale"):
-        x, y = getattr(full, name), getattr(kv, name)
-        if x.dtype == torch.float8_e4m3fn:  # codes: compare the bytes
-            x, y = x.view(torch.uint8), y.view(torch.uint8)
-        assert torch.equal(x, y), name

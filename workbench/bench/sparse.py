@@ -135,12 +135,6 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),
         ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
-        ("K/V quantizer in order (no side stream)", base.with_sparse(kv_quant_stream=False)),
-        ("summary walk, 2 query blocks x 8 warps", base.with_sparse(summary_schedule="walk")),
-        ("summary walk, 2 query blocks x 8 warps, chunk 64",
-         base.with_sparse(summary_schedule="walk", summary_chunk=64)),
-        ("summary walk, 1 query block x 4 warps", base.with_sparse(
-            summary_schedule="walk", summary_query_blocks=1, summary_warps=4)),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]
 

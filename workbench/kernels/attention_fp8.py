@@ -221,10 +221,12 @@ def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, KC, VCS, LENS, k
     """Sol's summary route for the not-exact key blocks at entries cnt + c0 .. cnt + c0 + CHUNK
     of the list (gathered rows of kc and vc / s_v; walking every block with the exact ones
     masked, contiguous loads, was slower: 11.96 vs 11.58 ms at density 0.149 on the H200, code
-    at 9fe55b3): weight w = 2^(q . kc_j * c - m) on vc_j in the numerator and w * len_j in the
-    denominator, in the same online softmax as the exact tiles. kc_j in the K units of the exact
-    scores (so t = q8 . kc_j is in the row max's units); VCS = vc_j / s_v (V's channel scale is
-    applied to acc in the epilogue). qsum: Q's codes as ``_summary_operand``."""
+    at 9fe55b3; so was a walk with one kc / vc chunk shared by two query blocks' rows, its own
+    pass: 5.04 vs 1.56 ms, code at c276073): weight w = 2^(q . kc_j * c - m) on vc_j in the
+    numerator and w * len_j in the denominator, in the same online softmax as the exact tiles.
+    kc_j in the K units of the exact scores (so t = q8 . kc_j is in the row max's units);
+    VCS = vc_j / s_v (V's channel scale is applied to acc in the epilogue). qsum: Q's codes as
+    ``_summary_operand``."""
     c = c0 + tl.arange(0, CHUNK)
     ok = c < n_sum
     js = tl.load(lst + cnt + c, mask=ok, other=0)
@@ -621,8 +623,6 @@ def fp8_attention_fwd(
     config: AttentionConfig = DEFAULT.attention,
     routing=None,
     sparse: SparseConfig = DEFAULT.sparse,
-    kv_ready=None,
-    stop_after_summary: bool = False,
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
@@ -634,12 +634,6 @@ def fp8_attention_fwd(
     the quantizer): only the key blocks of each query block's exact list run, and Sol's summary
     route adds the other blocks (when ``routing.kc`` is set); needs config.block_m = 64. sparse:
     its schedule, KV splits and summary route (``config.SparseConfig``).
-    kv_ready: a CUDA event after which qkv's K and V parts (k8, k_scale, v8t, v_corr) are
-    written, e.g. by a side stream: the current stream waits for it before the first launch that
-    reads them (Sol's summary pass, which reads Q and the routing only, runs before the wait).
-    stop_after_summary: run Sol's summary pass only and return its state (sum_o [B * H, S_pad,
-    D], sum_ml [2, B * H, S_pad]: the acc, and the row max in log2 units and the row sum), as
-    the exact tiles would merge it (tests, per-pass timing).
     """
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
@@ -657,7 +651,6 @@ def fp8_attention_fwd(
         # another schedule (config.AttentionConfig.schedule)
         from .attention_fp8_ws import fp8_attention_fwd_ws
 
-        _wait(kv_ready)
         return fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
                                     out_dtype=out_dtype, row_start=row_start,
                                     return_lse=return_lse, out_f32=out_f32, p_scaling=p_scaling,
@@ -705,24 +698,11 @@ def fp8_attention_fwd(
         )
 
     if sp is None:
-        _wait(kv_ready)
         launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
     else:
-        if sp.sum_o is not None and sparse.summary_schedule == "walk":
-            from .summary import summary_walk  # Sol's summary route over every key block
-
-            summary_walk(qkv, routing, *sp.args[3:6], sp.sum_o, sp.sum_ml, scale=scale,
-                         p_scaling=p_scaling, summary_precision=sparse.summary_precision,
-                         chunk=sparse.summary_chunk, query_blocks=sparse.summary_query_blocks,
-                         num_warps=sparse.summary_warps)
-        elif sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
+        if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
             sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
             launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
-        if stop_after_summary:
-            if sp.sum_o is None:
-                raise ValueError("stop_after_summary: this routing has no summary route (Sol)")
-            return sp.sum_o, sp.sum_ml
-        _wait(kv_ready)  # the exact tiles read K and V
         from . import attention_fp8_ws_lists as ws_lists
 
         if ws_lists.applies(qkv, sparse, sp.splits, c):  # the exact tiles, warp-specialized
@@ -743,12 +723,6 @@ def fp8_attention_fwd(
             num_warps=4,
         )
     return out, lse
-
-
-def _wait(event) -> None:
-    """The current stream waits for `event` (None: nothing to wait for)."""
-    if event is not None:
-        torch.cuda.current_stream().wait_event(event)
 
 
 @dataclass

@@ -133,7 +133,6 @@ class StatsConfig:
 
 SCHEDULES = ("rows", "heavy_first", "warp_specialized")
 WS_GROUPINGS = ("consecutive", "by_length")
-SUMMARY_SCHEDULES = ("gathered", "walk")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
 
 
@@ -171,16 +170,10 @@ class SparseConfig:
     ws_grouping: which three query blocks of a head share a CTA of the warp-specialized exact
     tiles: "consecutive" (sequence order) or "by_length" (sorted by exact-list length, longest
     first: the CTA's time is its longest list, and at Sol tau 1 on synthetic H3 inputs the three
-    consecutive lists keep its consumers busy 95% of that time, 100% when sorted).
-    summary_schedule: Sol's summary pass as "gathered" (one query block per program, over its
-    compacted list of not-exact blocks, kc / vc rows gathered per program) or "walk"
-    (``summary.py``: summary_query_blocks query blocks per program of summary_warps warps, over
-    every key block in order with each row's exact blocks masked: each kc / vc chunk loaded once
-    for all the program's rows).
-    kv_quant_stream: a sparse FP8 call quantizes K and V on a side CUDA stream, concurrently with
-    the routing, Q's quantization and Sol's summary pass (none of which reads them; the exact
-    tiles wait for it): the memory-bound quantizer passes fill the SMs that the routing's small
-    launches and the summary pass leave idle. The same output bits either way.
+    consecutive lists keep its consumers busy 95% of that time, 100% when sorted). Measured on
+    the H200 at the H3 shape, Sol tau 1, medians of interleaved rounds (scripts/gpu_sparse_ab.py,
+    2026-12-01): 10.75 / 10.83 ms against 10.88 / 10.87 in two runs (0.3-1.1%, within the
+    rounds' spread of about 0.5 ms; the same output bits).
     Measured on the H200 at the H3 shape, Sol tau 1 (density 0.149), full calls (BENCHMARKS.md,
     2026-12-01): the defaults 11.7 ms; heavy-first 12.7, kv_splits 2 11.9, no register cap 11.9,
     gathered loads 12.6, summary chunk 16 / 64 11.8 / 11.7 (chunk 64 within noise, kept 32).
@@ -199,18 +192,8 @@ class SparseConfig:
     tma: bool = True
     maxnreg: int | None = 168
     ws_grouping: str = "by_length"
-    kv_quant_stream: bool = True
-    summary_schedule: str = "gathered"
-    summary_query_blocks: int = 2
-    summary_warps: int = 8
 
     def __post_init__(self) -> None:
-        if self.summary_schedule not in SUMMARY_SCHEDULES:
-            raise ValueError(f"SparseConfig.summary_schedule: {self.summary_schedule!r}; choose "
-                             f"one of {SUMMARY_SCHEDULES}")
-        if self.summary_query_blocks not in (1, 2, 4):
-            raise ValueError(f"SparseConfig.summary_query_blocks: {self.summary_query_blocks}; "
-                             "choose 1, 2 or 4")
         if self.ws_grouping not in WS_GROUPINGS:
             raise ValueError(f"SparseConfig.ws_grouping: {self.ws_grouping!r}; choose one of "
                              f"{WS_GROUPINGS}")

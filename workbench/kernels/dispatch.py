@@ -34,14 +34,7 @@ from . import routing
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
 from .config import DEFAULT, KernelConfig, RoutingConfig
 from .kv_stats import kv_stats
-from .quantize import (
-    bf16_operands,
-    quantize_kv,
-    quantize_qkv,
-    quantize_tokens,
-    v_channel_scale,
-    with_kv,
-)
+from .quantize import bf16_operands, quantize_qkv
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 
@@ -159,57 +152,23 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
     """Statistics or routing, the quantizer and the FP8 attention of rows >= prefix:
     (out [B, S, H, D] with rows < prefix unwritten, lse or None)."""
     route = None
-    attend = dict(num_heads=q.shape[2], scale=scale, row_start=prefix, return_lse=return_lse,
-                  p_scaling=recipe.p_scaling, config=config.attention, sparse=config.sparse)
     if recipe.sparsity == "dense":
         st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
                       config=config.stats)
         mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
-    elif is_bf16_sparse(recipe):
-        route = sparse_routing(q, k, v, recipe, layout, scale, config.routing)[3]
-        return fp8_attention_fwd(bf16_operands(q, k, v), out=torch.empty_like(q),
-                                 routing=route, **attend)
-    elif config.sparse.kv_quant_stream and q.is_cuda:
-        return _sparse_fp8_rows_kv_stream(q, k, v, recipe, layout, scale, config, attend)
     else:
         mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale,
                                                    config.routing)
-    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
-                       smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
-                       config=config.quant)
-    return fp8_attention_fwd(qkv, out=torch.empty_like(q), routing=route, **attend)
-
-
-def _sparse_fp8_rows_kv_stream(q, k, v, recipe: AttentionRecipe, layout, scale: float,
-                               config: KernelConfig, attend: dict):
-    """``_fp8_rows`` of a sparse FP8 recipe with K's and V's quantizer passes on a side stream
-    (``SparseConfig.kv_quant_stream``): they need only the block sums' statistics, and the
-    routing, Q's pass and Sol's summary pass do not read them; the exact tiles wait for them."""
-    main = torch.cuda.current_stream(q.device)
-    sums = routing.block_sums(q, k, v, block=64, minmax=True, config=config.routing)
-    mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
-    v_scale = v_channel_scale(v_amax)  # on this stream: the summary pass divides vc by it
-    side = torch.cuda.Stream(device=q.device)
-    side.wait_stream(main)
-    kv = None
-    try:
-        with torch.cuda.stream(side):
-            kv = quantize_kv(k, v, mu_k, mu_v, v_amax, v_scale, smooth_k=recipe.smooth_k,
-                             smooth_v=recipe.smooth_v,
-                             v_bias_correction=recipe.v_bias_correction, config=config.quant)
-            kv_ready = torch.cuda.Event()
-            kv_ready.record(side)
-        route = _route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k, mu_v,
-                                 config.routing)
-        q8, q_scale = quantize_tokens(q, config=config.quant)
-        qkv = with_kv(q8, q_scale, kv, q.shape[1], config.quant)
-        return fp8_attention_fwd(qkv, out=torch.empty_like(q), routing=route,
-                                 kv_ready=kv_ready, **attend)
-    finally:  # join the side stream even when a pass raises: it still reads k, v
-        main.wait_stream(side)
-        if kv is not None:  # made on the side stream, read on this one
-            for t in (kv.k8, kv.k_scale, kv.v8t, kv.v_corr):
-                t.record_stream(main)
+    if is_bf16_sparse(recipe):
+        qkv = bf16_operands(q, k, v)
+    else:
+        qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
+                           smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
+                           config=config.quant)
+    out = torch.empty_like(q)
+    return fp8_attention_fwd(qkv, num_heads=q.shape[2], scale=scale, out=out, row_start=prefix,
+                             return_lse=return_lse, p_scaling=recipe.p_scaling,
+                             config=config.attention, routing=route, sparse=config.sparse)
 
 
 def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
@@ -220,18 +179,13 @@ def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | Non
     routing passes' launch shapes."""
     sums = routing.block_sums(q, k, v, block=64, minmax=True, config=config)
     mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
-    return mu_k, mu_v, v_amax, _route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k,
-                                                mu_v, config)
-
-
-def _route_from_sums(q, k, v, recipe: AttentionRecipe, layout, scale: float, sums, mu_k, mu_v,
-                     config: RoutingConfig):
-    """The recipe's ``BlockRouting`` given the block sums (and the quantizer's means)."""
     if recipe.sparsity == "sol":
-        return routing.sol_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
-                                   mu_k=mu_k, mu_v=mu_v, config=config)
-    return routing.vsa_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
-                               config=config)
+        r = routing.sol_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
+                                mu_k=mu_k, mu_v=mu_v, config=config)
+    else:
+        r = routing.vsa_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
+                                config=config)
+    return mu_k, mu_v, v_amax, r
 
 
 def dense_prefix_rows(q, k, v, prefix: int, scale: float) -> torch.Tensor:

@@ -224,44 +224,12 @@ def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
                  v_bias_correction: bool, config: QuantConfig = DEFAULT.quant) -> QuantizedQKV:
     """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``."""
     q8, q_scale = quantize_tokens(q, config=config)
-    return with_kv(q8, q_scale, quantize_kv(
-        k, v, mu_k, mu_v, v_amax, v_channel_scale(v_amax), smooth_k=smooth_k, smooth_v=smooth_v,
-        v_bias_correction=v_bias_correction, config=config), q.shape[1], config)
-
-
-@dataclass(frozen=True)
-class QuantizedKV:
-    """The K and V parts of ``QuantizedQKV`` (``quantize_kv``)."""
-
-    k8: torch.Tensor
-    k_scale: torch.Tensor
-    v8t: torch.Tensor
-    v_corr: torch.Tensor
-    v_scale: torch.Tensor
-
-
-def quantize_kv(k, v, mu_k, mu_v, v_amax, v_scale, *, smooth_k: bool, smooth_v: bool,
-                v_bias_correction: bool, config: QuantConfig = DEFAULT.quant) -> QuantizedKV:
-    """K's and V's passes of ``quantize_qkv`` (k/v [B, S, Hkv, D]; mu_k / mu_v / v_amax / v_scale
-    [B, Hkv, D], v_scale = ``v_channel_scale(v_amax)``): they need nothing of Q, so a sparse call
-    runs them on a side stream while the routing, Q's pass and Sol's summary pass run."""
     k8, k_scale = quantize_tokens(k, mu_k if smooth_k else None, config=config)
-    v8t = quantize_v(v, mu_v if smooth_v else None, v_amax, config=config, v_scale=v_scale)[0]
+    v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax, config=config)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)
-    v_corr = v_correction(v8t, v_scale, mu_v, k.shape[1], mode, config=config)
-    return QuantizedKV(k8, k_scale, v8t, v_corr, v_scale)
-
-
-def with_kv(q8, q_scale, kv: QuantizedKV, seq_len: int,
-            config: QuantConfig = DEFAULT.quant) -> QuantizedQKV:
-    """``QuantizedQKV`` from Q's codes and scales and ``quantize_kv``'s parts."""
-    return QuantizedQKV(q8, q_scale, kv.k8, kv.k_scale, kv.v8t, kv.v_scale, kv.v_corr, seq_len,
+    v_corr = v_correction(v8t, v_scale, mu_v, q.shape[1], mode, config=config)
+    return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, q.shape[1],
                         config.v_perm)
-
-
-def v_channel_scale(v_amax: torch.Tensor) -> torch.Tensor:
-    """V's E4M3 channel scales [B, Hkv, D]: v_amax / 448 (1 where the channel is all zero)."""
-    return torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
 
 
 def bf16_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> QuantizedQKV:
@@ -326,16 +294,14 @@ def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None, *,
 
 
 def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor, *,
-               config: QuantConfig = DEFAULT.quant, v_scale: torch.Tensor | None = None):
+               config: QuantConfig = DEFAULT.quant):
     """v [B, S, Hkv, D] (centred by mu_v when given; v_amax = max_t |v - mu_v|, [B, Hkv, D]) ->
-    (codes V^T [B, Hkv, D, S_pad] E4M3, channel scales [B, Hkv, D] float32); v_scale: the
-    scales when already taken (``v_channel_scale(v_amax)``)."""
+    (codes V^T [B, Hkv, D, S_pad] E4M3, channel scales [B, Hkv, D] float32)."""
     B, S, Hkv, D = v.shape
     S_pad = padded_len(S)
     interp = interpreting()
     v8t = torch.empty((B, Hkv, D, S_pad), dtype=torch.float8_e4m3fn, device=v.device)
-    if v_scale is None:
-        v_scale = v_channel_scale(v_amax)
+    v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
     n_tiles = S_pad // config.v_rows  # v_rows divides SEQ_PAD (QuantConfig checks)
     hf = config.heads_first
     _quant_v_kernel[(B * Hkv, n_tiles) if hf else (n_tiles, B * Hkv)](
