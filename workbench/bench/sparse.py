@@ -135,6 +135,13 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),
         ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
+        ("summary pass 3 stages", base.with_sparse(summary_stages=3)),
+        ("summary pass 4 stages", base.with_sparse(summary_stages=4)),
+        ("summary pass 8 warps", base.with_sparse(summary_warps=8)),
+        ("summary pass 8 warps, 3 stages", base.with_sparse(summary_warps=8, summary_stages=3)),
+        ("block sums 2 warps", base.with_routing(block_warps=2)),
+        ("block sums 2 warps x 32 rows", base.with_routing(block_warps=2, block_rows=32)),
+        ("block sums 1 warp x 16 rows", base.with_routing(block_warps=1)),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]
 

@@ -679,7 +679,7 @@ def fp8_attention_fwd(
     grid = (triton.cdiv(S, c.block_m), B * H)
     sp = _SparseLaunch.build(qkv, routing, sparse, c, grid) if routing is not None else None
 
-    def launch(launch_grid, args, constexprs, maxnreg):
+    def launch(launch_grid, args, constexprs, maxnreg, warps=None, stages=None):
         extra = {"maxnreg": maxnreg} if maxnreg else {}
         _fp8_attn_fwd_kernel[launch_grid](
             qkv.q8, qkv.q_scale, qkv.k8, qkv.k_scale, qkv.v8t, qkv.v_scale, qkv.v_corr, out,
@@ -694,7 +694,8 @@ def fp8_attention_fwd(
             IMP_PV=min(c.max_imprecise, c.block_n), WRITE_LSE=return_lse, OUT_F32=out_f32,
             USE_TMA=use_tma, PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),
             P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], INTERPRET=interp,
-            num_warps=c.num_warps, num_stages=num_stages, **constexprs, **extra,
+            num_warps=warps or c.num_warps, num_stages=1 if interp else stages or num_stages,
+            **constexprs, **extra,
         )
 
     if sp is None:
@@ -702,7 +703,8 @@ def fp8_attention_fwd(
     else:
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
             sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
-            launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
+            launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None,
+                   warps=sparse.summary_warps, stages=sparse.summary_stages)
         from . import attention_fp8_ws_lists as ws_lists
 
         if ws_lists.applies(qkv, sparse, sp.splits, c):  # the exact tiles, warp-specialized
