@@ -159,8 +159,7 @@ def test_sparse_config_rules_and_refusals():
     assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
     assert SparseConfig(kv_splits=2).splits_for(28560, 132) == 2
     for bad in (dict(schedule="random"), dict(kv_splits=3), dict(summary_precision="fp8"),
-                dict(summary_chunk=48), dict(ws_grouping="random"), dict(summary_warps=2),
-                dict(summary_stages=5)):
+                dict(summary_chunk=48), dict(ws_grouping="random")):
         with pytest.raises(ValueError, match="SparseConfig"):
             SparseConfig(**bad)
     cfg = DEFAULT.from_overrides({"sparse": {"kv_splits": 4}})
@@ -249,10 +248,6 @@ hopper = pytest.mark.skipif(
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
     ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
-    # the summary pass's launch options
-    ((4111, 4, 2, 128), "fp8_sol_kv_corrected",
-     SparseConfig(kv_splits=1, summary_warps=8, summary_stages=3)),
-    ((2000, 4, 2, 64), "fp8_sol_k:sol_threshold=diag", SparseConfig(summary_stages=4)),
 ])
 def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
     S, H, Hkv, D = shape

@@ -246,7 +246,8 @@ def test_sweep_configs_change_one_option_each():
     labels = [label for label, _ in configs]
     assert len(set(labels)) == len(labels) and configs[0][1] == DEFAULT
     for label, cfg in configs[1:]:
-        changed = [f for f in ("attention", "sparse") if getattr(cfg, f) != getattr(DEFAULT, f)]
+        changed = [f for f in ("attention", "sparse", "routing")
+                   if getattr(cfg, f) != getattr(DEFAULT, f)]
         assert len(changed) == 1, label
         a, b = getattr(cfg, changed[0]), getattr(DEFAULT, changed[0])
         assert sum(getattr(a, n) != getattr(b, n) for n in a.__dataclass_fields__) == 1, label

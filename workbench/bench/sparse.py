@@ -135,13 +135,9 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),
         ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
-        ("summary pass 3 stages", base.with_sparse(summary_stages=3)),
-        ("summary pass 4 stages", base.with_sparse(summary_stages=4)),
-        ("summary pass 8 warps", base.with_sparse(summary_warps=8)),
-        ("summary pass 8 warps, 3 stages", base.with_sparse(summary_warps=8, summary_stages=3)),
-        ("block sums 2 warps", base.with_routing(block_warps=2)),
-        ("block sums 2 warps x 32 rows", base.with_routing(block_warps=2, block_rows=32)),
-        ("block sums 1 warp x 16 rows", base.with_routing(block_warps=1)),
+        ("block sums 4 warps", base.with_routing(block_warps=4)),
+        ("block sums 32 rows", base.with_routing(block_rows=32)),
+        ("block sums 1 warp", base.with_routing(block_warps=1)),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]
 
@@ -293,7 +289,7 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     if cfg.sweep:  # the block-sum pass's launch shape (config.RoutingConfig), with extremes
         from workbench.kernels.config import RoutingConfig
 
-        for rows, warps in ((32, 4), (64, 4), (64, 8), (16, 8)):
+        for rows, warps in ((16, 4), (32, 2), (16, 1), (64, 8)):
             bp = RoutingConfig(block_rows=rows, block_warps=warps)
             ms = time_ms(lambda bp=bp: routing.block_sums(q, k, v, minmax=True, config=bp), dev,
                          cfg.rep_ms)

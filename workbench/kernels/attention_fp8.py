@@ -222,8 +222,10 @@ def _summary_step(c0, acc, l_i, m_i, qsum, qs, lst, cnt, n_sum, KC, VCS, LENS, k
     of the list (gathered rows of kc and vc / s_v; walking every block with the exact ones
     masked, contiguous loads, was slower: 11.96 vs 11.58 ms at density 0.149 on the H200, code
     at 9fe55b3; so was a walk with one kc / vc chunk shared by two query blocks' rows, its own
-    pass: 5.04 vs 1.56 ms, code at c276073): weight w = 2^(q . kc_j * c - m) on vc_j in the
-    numerator and w * len_j in the denominator, in the same online softmax as the exact tiles.
+    pass: 5.04 vs 1.56 ms, code at c276073; and 3 or 4 pipeline stages or 8 warps for the
+    pass: 11.15-12.09 vs 10.98 ms for the call, code at 0553840): weight
+    w = 2^(q . kc_j * c - m) on vc_j in the numerator and w * len_j in the denominator, in the
+    same online softmax as the exact tiles.
     kc_j in the K units of the exact scores (so t = q8 . kc_j is in the row max's units);
     VCS = vc_j / s_v (V's channel scale is applied to acc in the epilogue). qsum: Q's codes as
     ``_summary_operand``."""
@@ -679,7 +681,7 @@ def fp8_attention_fwd(
     grid = (triton.cdiv(S, c.block_m), B * H)
     sp = _SparseLaunch.build(qkv, routing, sparse, c, grid) if routing is not None else None
 
-    def launch(launch_grid, args, constexprs, maxnreg, warps=None, stages=None):
+    def launch(launch_grid, args, constexprs, maxnreg):
         extra = {"maxnreg": maxnreg} if maxnreg else {}
         _fp8_attn_fwd_kernel[launch_grid](
             qkv.q8, qkv.q_scale, qkv.k8, qkv.k_scale, qkv.v8t, qkv.v_scale, qkv.v_corr, out,
@@ -694,8 +696,7 @@ def fp8_attention_fwd(
             IMP_PV=min(c.max_imprecise, c.block_n), WRITE_LSE=return_lse, OUT_F32=out_f32,
             USE_TMA=use_tma, PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),
             P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], INTERPRET=interp,
-            num_warps=warps or c.num_warps, num_stages=1 if interp else stages or num_stages,
-            **constexprs, **extra,
+            num_warps=c.num_warps, num_stages=num_stages, **constexprs, **extra,
         )
 
     if sp is None:
@@ -703,8 +704,7 @@ def fp8_attention_fwd(
     else:
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
             sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
-            launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None,
-                   warps=sparse.summary_warps, stages=sparse.summary_stages)
+            launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
         from . import attention_fp8_ws_lists as ws_lists
 
         if ws_lists.applies(qkv, sparse, sp.splits, c):  # the exact tiles, warp-specialized

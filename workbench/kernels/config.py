@@ -166,9 +166,7 @@ class SparseConfig:
     summary operands kc and vc / s_v are rounded to BF16 once on the host (the values the kernel
     rounded to before).
     maxnreg: the register cap of the exact-tile launch (None: none); the separate summary pass
-    runs uncapped, with summary_warps warps per 64-row program and summary_stages stages of
-    Triton's software pipeline over its chunks (each chunk's kc / vc rows are gathered by list
-    index: a deeper pipeline keeps more of those loads in flight).
+    runs uncapped.
     ws_grouping: which three query blocks of a head share a CTA of the warp-specialized exact
     tiles: "consecutive" (sequence order) or "by_length" (sorted by exact-list length, longest
     first: the CTA's time is its longest list, and at Sol tau 1 on synthetic H3 inputs the three
@@ -194,13 +192,8 @@ class SparseConfig:
     tma: bool = True
     maxnreg: int | None = 168
     ws_grouping: str = "by_length"
-    summary_warps: int = 4
-    summary_stages: int = 2
 
     def __post_init__(self) -> None:
-        if self.summary_warps not in (4, 8) or self.summary_stages not in (1, 2, 3, 4):
-            raise ValueError(f"SparseConfig.summary_warps / summary_stages: {self.summary_warps} /"
-                             f" {self.summary_stages}; choose 4 or 8 warps and 1 to 4 stages")
         if self.ws_grouping not in WS_GROUPINGS:
             raise ValueError(f"SparseConfig.ws_grouping: {self.ws_grouping!r}; choose one of "
                              f"{WS_GROUPINGS}")
@@ -236,11 +229,13 @@ class RoutingConfig:
     accumulators, several loads in flight); block_warps per program. list_rows: list rows
     (b, h, i) per program of the list pass (each padded to a power of two of key blocks);
     list_warps per program. Measured on the H200 at the H3 shape (2026-12-01): block sums +
-    V extremes 0.80 ms with 16 / 32 / 64 rows and 4 warps alike, 1.43-1.60 ms with 8 warps.
+    V extremes 0.80 ms with 16 / 32 / 64 rows and 4 warps alike, 1.43-1.60 ms with 8 warps; in
+    the whole Sol call at tau 1 (medians of interleaved rounds, scripts/gpu_sparse_ab.py) 2 warps
+    x 16 rows 10.65 ms, 2 x 32 10.75, 1 x 16 10.74, 4 x 16 10.98.
     """
 
     block_rows: int = 16
-    block_warps: int = 4
+    block_warps: int = 2
     list_rows: int = 4
     list_warps: int = 4
 
