@@ -81,11 +81,27 @@ def test_sparse_arguments():
     cfg = sparse.config_from_args(a)
     assert cfg.densities == sparse.DENSITIES and cfg.heads == 56 and cfg.seq_len is None
     b = sparse.config_from_args(sparse.parse_args(["--densities", "0.25", "--no-peer",
-                                                   "--threshold", "diag"]))
-    assert b.densities == (0.25,) and not b.peer and b.threshold == "diag"
+                                                   "--threshold", "diag", "--no-vsa-peer"]))
+    assert b.densities == (0.25,) and not b.peer and b.threshold == "diag" and not b.vsa_peer
+    assert cfg.vsa_peer
     with pytest.raises(SystemExit) as exc:
         sparse.parse_args(["--densities", "0.2", "1.5"])
     assert exc.value.code == 2
+
+
+def test_fastvideo_vsa_peer_operands_and_absence():
+    """FastVideo's layout: [B, H, T, D] with T = S rounded up to 64 and zero rows past S, the last
+    tile's real length in block_sizes; without the wheel the loader says so (the row is then
+    skipped with that reason)."""
+    q = torch.randn(1, 130, 3, 8)
+    k, v = q + 1, q + 2
+    qp, kp, vp, sizes = sparse.vsa_peer_operands(q, k, v)
+    assert qp.shape == (1, 3, 192, 8) and qp.is_contiguous()
+    assert torch.equal(vp[:, :, :130], v.transpose(1, 2)) and not vp[:, :, 130:].any()
+    assert sizes.dtype == torch.int32 and sizes.tolist() == [64, 64, 2]
+    if importlib.util.find_spec("vsa") is None:
+        attend, backend, why = sparse.load_fastvideo_vsa()
+        assert attend is None and backend == "" and "not installed" in why
 
 
 def test_workbench_bench_has_sparse_and_dit_subcommands(capsys):

@@ -23,6 +23,10 @@ on ``rows`` evenly spaced query rows (prefix rows included); "emu" is the recipe
 - NVIDIA ``sol_attn`` (CuTe DSL, SM90, BF16; optional: timed when importable, e.g. the caller puts
   it on PYTHONPATH) at the same tau, threshold and sink (``sink_start=0, sink_tokens=prefix``);
   its density column is our routing's at that tau;
+- FastVideo's VSA block-sparse attention (the ``vsa`` wheel, BF16; optional: timed when it
+  imports) on our VSA routing's block map at each density: its SM90 kernel when the wheel's
+  extension loads with this torch, else its Triton kernel (the row says which); the kernel alone,
+  the operands already in its [B, H, S padded to 64, D] layout;
 - routing: the block-sum pass alone (read rate of Q, K and V) and the Sol / VSA routing given
   those block sums (scores, decisions, lists);
 - stages: each pass of one call timed alone at the anchor tau (``stage_times``);
@@ -33,6 +37,7 @@ on ``rows`` evenly spaced query rows (prefix rows included); "emu" is the recipe
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -60,6 +65,7 @@ class SparseBenchConfig:
     rep_ms: int = 300
     emulate: bool = True
     peer: bool = True
+    vsa_peer: bool = True  # FastVideo's VSA kernel on our VSA block maps, when it imports
     budget_s: float = 300.0  # no new variant starts after this many seconds
     seed: int = 0
     anchor_taus: tuple[float, ...] = (1.0,)  # Sol rows at these taus too (the recipe's default)
@@ -94,6 +100,63 @@ def load_sol_attn():
     except Exception as exc:  # noqa: BLE001 - any import failure means the peer is absent
         return None, f"sol_attn does not import ({type(exc).__name__}: {str(exc)[:120]})"
     return sol_attn, ""
+
+
+def load_fastvideo_vsa():
+    """(attend, backend, note) for FastVideo's VSA block-sparse attention (the ``vsa`` wheel), or
+    (None, "", why not). attend(q, k, v, block_map, block_sizes) -> o: q / k / v [B, H, T, D]
+    bf16 with T a multiple of 64 (zero rows past the sequence), block_map [B, H, T/64, T/64]
+    bool (key tiles per query tile), block_sizes [T/64] int32 (rows per tile). backend "sm90"
+    (its CUDA extension ``vsa_cuda``) or "triton" (its Triton kernel), with the extension's
+    import error in note. The package's own ``__init__`` imports the extension unconditionally on
+    sm_90, so its two Python modules are loaded from their files."""
+    spec = importlib.util.find_spec("vsa")
+    if spec is None or not spec.submodule_search_locations:
+        return None, "", "the vsa (FastVideo) package is not installed"
+    root = list(spec.submodule_search_locations)[0]
+
+    def load(name):
+        mspec = importlib.util.spec_from_file_location(f"_fastvideo_vsa_{name}",
+                                                       os.path.join(root, f"{name}.py"))
+        mod = importlib.util.module_from_spec(mspec)
+        mspec.loader.exec_module(mod)
+        return mod
+
+    try:
+        index = load("index")
+        tri = load("block_sparse_attn_triton")
+    except Exception as exc:  # noqa: BLE001 - any import failure means the peer is absent
+        return None, "", f"vsa does not import ({type(exc).__name__}: {str(exc)[:120]})"
+    try:
+        from vsa_cuda import block_sparse_fwd
+    except Exception as exc:  # noqa: BLE001 - the extension is built for one torch / CUDA
+        block_sparse_fwd, note = None, f"SM90 extension: {type(exc).__name__}: {str(exc)[:100]}"
+    else:
+        note = ""
+
+    def attend(q, k, v, block_map, block_sizes):
+        idx, num = index.map_to_index(block_map.int())
+        if block_sparse_fwd is not None:
+            return block_sparse_fwd(q, k, v, idx, num, block_sizes.int())[0]
+        return tri.triton_block_sparse_attn_forward(q, k, v, idx, num, block_sizes)[0]
+
+    return attend, "sm90" if block_sparse_fwd is not None else "triton", note
+
+
+def vsa_peer_operands(q, k, v):
+    """q / k / v [B, S, H, D] -> ([B, H, T, D] contiguous copies, T = S rounded up to 64, zero
+    rows past S; block_sizes [T / 64] int32: 64, the last S - (T/64 - 1) * 64)."""
+    B, S, H, D = q.shape
+    T = -(-S // 64) * 64
+
+    def padded(x):
+        out = torch.zeros((B, x.shape[2], T, D), dtype=x.dtype, device=x.device)
+        out[:, :, :S] = x.transpose(1, 2)
+        return out
+
+    sizes = torch.full((T // 64,), 64, dtype=torch.int32, device=q.device)
+    sizes[-1] = S - (T // 64 - 1) * 64
+    return padded(q), padded(k), padded(v), sizes
 
 
 def sol_attn_backend() -> str:
@@ -237,7 +300,9 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     def over_budget() -> bool:
         return time.time() - t0 > cfg.budget_s
 
-    def record(variant, fn, *, route="dense", density=1.0, tau=None, emu=None, note=""):
+    def record(variant, fn, *, route="dense", density=1.0, tau=None, emu=None, note="",
+               rows_of=None):
+        """rows_of(out): fn's output as [B, S, H, D] rows (default: fn's output itself)."""
         row = dict(variant=variant, route=route, density=density, tau=tau, emu_rel_l2=emu,
                    note=note)
         report["rows"].append(row)
@@ -248,6 +313,8 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         try:
             out = fn()
             sync(dev)
+            if rows_of is not None:
+                out = rows_of(out)
             row["rel_l2"] = _rel_l2(out[:, idx], ref)
             del out
             row["ms"] = time_ms(fn, dev, cfg.rep_ms)
@@ -366,6 +433,25 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
                 sink_tokens=prefix, kv_splits=1), route="sol", density=dens, tau=sol.sol_tau,
                 note="density: ours at the same tau")
 
+    # FastVideo's VSA kernel on our VSA routing's block maps (the same exact tiles)
+    vsa_plan = [(vsa, dens_v) for _, _, vsa, dens_v in plan if vsa is not None]
+    attend, fv_backend, fv_note = (load_fastvideo_vsa() if cfg.vsa_peer and vsa_plan
+                                   else (None, "", "disabled"))
+    report["vsa_peer"] = (fv_backend + (f" ({fv_note})" if fv_note else "")) if attend \
+        else fv_note
+    if attend is None or dev != "cuda":
+        log(f"  FastVideo VSA: skipped ({fv_note or 'needs CUDA'})")
+    else:
+        qp, kp, vp, sizes = vsa_peer_operands(q, k, v)
+        for vsa, dens_v in vsa_plan:
+            bmap = routing.vsa_routing(q, k, v, vsa, layout=layout).exact
+            record(f"FastVideo VSA [{fv_backend}] BF16", lambda bmap=bmap: attend(
+                qp, kp, vp, bmap, sizes), route="vsa", density=dens_v,
+                rows_of=lambda o: o[:, :, :S].transpose(1, 2),
+                note="its block_sparse_attn (map_to_index + forward) on our VSA block map")
+            del bmap
+        del qp, kp, vp
+
     # the sparse kernel's options at the last plan entry (the anchor tau): what the defaults of
     # config.SparseConfig are to be chosen from
     if cfg.sweep:
@@ -425,6 +511,8 @@ def markdown(report: dict) -> str:
             f"| {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} | {note} |")
     if report.get("peer"):
         lines += ["", f"NVIDIA sol_attn: {report['peer']}"]
+    if report.get("vsa_peer"):
+        lines += ["", f"FastVideo VSA: {report['vsa_peer']}"]
     if report.get("stages"):
         lines += ["", "| pass of one call (timed alone) | route | exact density | ms |",
                   "|---|---|---|---|"]
@@ -450,6 +538,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--no-emulate", action="store_true", help="skip the torch emulation error")
     p.add_argument("--no-peer", action="store_true", help="skip NVIDIA's sol_attn")
+    p.add_argument("--no-vsa-peer", action="store_true", help="skip FastVideo's VSA kernel")
     p.add_argument("--no-sweep", action="store_true", help="skip the sparse kernel's options")
     p.add_argument("--no-stages", action="store_true", help="skip the per-pass times")
     p.add_argument("--no-bf16", action="store_true", help="skip the BF16 Sol rows")
@@ -493,7 +582,8 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
     return SparseBenchConfig(heads=args.heads, seq_len=args.seq,
                              densities=tuple(args.densities), threshold=args.threshold,
                              rows=args.rows, rep_ms=args.rep_ms, emulate=not args.no_emulate,
-                             peer=not args.no_peer, budget_s=args.budget_s, device=args.device,
+                             peer=not args.no_peer, vsa_peer=not args.no_vsa_peer,
+                             budget_s=args.budget_s, device=args.device,
                              sweep=not args.no_sweep, stages=not args.no_stages,
                              bf16=not args.no_bf16,
                              anchor_taus=tuple(args.taus))
