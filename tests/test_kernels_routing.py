@@ -379,3 +379,33 @@ def test_h3_shape_routing_on_the_gpu_matches_the_twin():
     assert torch.equal(check_lists_gpu,
                        torch.arange(r.exact.shape[-1], device="cuda", dtype=torch.int32)
                        .expand_as(check_lists_gpu))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_routing_replays_from_a_cuda_graph():
+    """The bench's GPU time of the routing (``harness.graph_median_ms``) captures Sol's routing
+    in a CUDA graph: capture succeeds (a float, no host synchronization inside) and a replay
+    writes the eager call's lists and counts."""
+    from workbench.bench.harness import graph_median_ms
+
+    q, k, v, layout = synthetic(3000, 4, 2, 128, prefix=(14, 100), device="cuda")
+    rec = get_recipe("fp8_sol_kv_corrected")
+    sums = routing.block_sums(q, k, v, minmax=True)
+    eager = routing.sol_routing(q, k, v, rec, layout=layout, sums=sums)
+    out = {}
+
+    def call():
+        out["r"] = routing.sol_routing(q, k, v, rec, layout=layout, sums=sums)
+
+    ms = graph_median_ms(call, rep_ms=20)
+    assert ms is not None and 0 < ms < 50
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    captured = out["r"]
+    captured.blocks.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.blocks, eager.blocks)
+    assert torch.equal(captured.counts, eager.counts)

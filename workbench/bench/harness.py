@@ -33,6 +33,26 @@ def median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float | None:
+    """GPU time of fn without the host's launch time: fn captured once in a CUDA graph (after two
+    eager calls that compile and warm it), then ``median_ms`` of the graph's replays. None when
+    fn cannot be captured (it synchronizes, or allocates in a way capture refuses). For passes
+    made of many small launches, whose eager time is the host's, not the GPU's."""
+    try:
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - capture refused: the caller reports no graph time
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return None
+    return median_ms(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
+
+
 def peak_extra_gib(fn) -> float:
     """Peak device memory allocated during one call, beyond what was allocated before it (GiB)."""
     torch.cuda.synchronize()
