@@ -385,8 +385,8 @@ def test_h3_shape_routing_on_the_gpu_matches_the_twin():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_routing_replays_from_a_cuda_graph():
     """The bench's GPU time of the routing (``harness.graph_median_ms``) captures Sol's routing
-    in a CUDA graph: capture succeeds (a float, no host synchronization inside) and a replay
-    writes the eager call's lists and counts."""
+    and the block sums in CUDA graphs: capture succeeds (a float: no host copy or
+    synchronization inside) and a replay writes the eager call's lists and counts."""
     from workbench.bench.harness import graph_median_ms
 
     q, k, v, layout = synthetic(3000, 4, 2, 128, prefix=(14, 100), device="cuda")
@@ -400,6 +400,9 @@ def test_routing_replays_from_a_cuda_graph():
 
     ms = graph_median_ms(call, rep_ms=20)
     assert ms is not None and 0 < ms < 50
+    # the block sums too (their last block's length is a fill, not a host copy)
+    assert graph_median_ms(lambda: routing.block_sums(q, k, v, minmax=True), rep_ms=20)
+    assert torch.equal(routing.block_sums(q, k, v, minmax=True).lens, sums.lens)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         call()

@@ -194,7 +194,7 @@ def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int 
         HEAD_D=D, BLOCK=block, ROWS=rows, MINMAX=minmax, num_warps=config.block_warps,
     )
     lens = torch.full((nb,), float(block), **f32)
-    lens[-1] = S - (nb - 1) * block
+    lens[-1:].fill_(float(S - (nb - 1) * block))  # a fill, not a host copy: graph-capturable
     vmax, vmin = (kv[2], kv[3]) if minmax else (None, None)
     return BlockSums(qsum, kv[0], kv[1], vmax, vmin, lens, S, block)
 
