@@ -47,71 +47,80 @@ SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk",
                "sparse_maxnreg", "summary_only")
 
 
+def _compile_gluon(fn, types: list[str], constexprs: dict, *, divisibility: bool = False):
+    """Compile a Gluon kernel for sm_90a as its launch does: `types` the leading arguments'
+    signature types (the rest constexpr), `constexprs` their values (a "constexpr" type's value
+    None); divisibility: tell the compiler every pointer is 16-byte aligned (torch's
+    allocations). num_warps 4 and the warp-specialized kernels' register cap."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from workbench.kernels.attention_fp8_ws import MAXNREG
+
+    names = fn.arg_names
+    sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
+    cst = dict(constexprs)
+    cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
+    attrs = ({(i,): [["tt.divisibility", 16]] for i, t in enumerate(types) if t.startswith("*")}
+             if divisibility else {})
+    src = GluonASTSource(fn=fn, signature=sig, attrs=attrs,
+                         constexprs={(names.index(k),): v for k, v in cst.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=4, maxnreg=MAXNREG))
+    return kernel
+
+
+def _ws_types(k_box: int, v_box: int) -> list[str]:
+    """The leading signature types both warp-specialized kernels share: the Q / K / V TMA
+    descriptors (E4M3, 64-row Q box, k_box-key K box, V^T box of v_box keys), the scale and
+    output pointers (BF16 output) and the run-time scalars."""
+    from triton.experimental.gluon import language as gl
+
+    f8 = gl.float8e4nv
+    lq = gl.NVMMASharedLayout.get_default_for([64, 128], f8)
+    lk = gl.NVMMASharedLayout.get_default_for([k_box, 128], f8)
+    lv = gl.NVMMASharedLayout.get_default_for([128, v_box], f8)
+    return [f"tensordesc<fp8e4nv[64, 128],{lq!r}>", f"tensordesc<fp8e4nv[{k_box}, 128],{lk!r}>",
+            f"tensordesc<fp8e4nv[128, {v_box}],{lv!r}>",
+            "*fp32", "*fp32", "*fp32", "*fp32", "*bf16", "*bf16"] + ["i32"] * 5 + ["fp32"] \
+        + ["i32"] * 3
+
+
+def _ws_constexprs(overrides: dict) -> dict:
+    from workbench.kernels.attention_fp8_ws import CONSUMER_REGS
+
+    return dict(STAGES=overrides.get("num_stages", DEFAULT.attention.num_stages),
+                CONS_REGS=CONSUMER_REGS,
+                P_LOG2_SCALE=P_LOG2_SCALES[overrides.get("p_scaling", "unit")],
+                PERM_P=bool(overrides.get("perm_p", DEFAULT.quant.v_perm)), WRITE_LSE=False,
+                OUT_F32=False)
+
+
 def compile_ws(overrides: dict):
     """The warp-specialized dense kernel (``attention_fp8_ws``, Gluon) as ``fp8_attention_fwd``
     launches it for ``schedule="warp_specialized"`` (head dim 128, BF16 output)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from workbench.kernels.attention_fp8_ws import CONSUMER_REGS, CONSUMERS, MAXNREG
+    from workbench.kernels.attention_fp8_ws import CONSUMERS, MAXNREG
     from workbench.kernels.attention_fp8_ws import _fp8_attn_ws_kernel as ws
 
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
                                                     if k not in ("p_scaling", "perm_p")})
-    f8 = gl.float8e4nv
-    lay = {n: gl.NVMMASharedLayout.get_default_for([n, 128], f8) for n in (64, 128)}
-    types = [f"tensordesc<fp8e4nv[64, 128],{lay[64]!r}>",
-             f"tensordesc<fp8e4nv[128, 128],{lay[128]!r}>",
-             f"tensordesc<fp8e4nv[128, 128],{lay[128]!r}>",
-             "*fp32", "*fp32", "*fp32", "*fp32", "*bf16", "*bf16"] + ["i32"] * 5 + ["fp32"]
-    types += ["i32"] * 3
-    names = ws.arg_names
-    sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
-    maxnreg = MAXNREG
-    cst = dict(N_CONS=CONSUMERS, STAGES=cfg.num_stages, CONS_REGS=CONSUMER_REGS,
-               P_LOG2_SCALE=P_LOG2_SCALES[overrides.get("p_scaling", "unit")],
-               PERM_P=bool(overrides.get("perm_p", DEFAULT.quant.v_perm)), WRITE_LSE=False,
-               OUT_F32=False)
-    src = GluonASTSource(fn=ws, signature=sig,
-                         constexprs={(names.index(k),): v for k, v in cst.items()})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=4, maxnreg=maxnreg))
-    return kernel, dataclasses.replace(cfg, maxnreg=maxnreg)
+    cst = dict(_ws_constexprs({**overrides, "num_stages": cfg.num_stages}), N_CONS=CONSUMERS)
+    kernel = _compile_gluon(ws, _ws_types(128, 128), cst)
+    return kernel, dataclasses.replace(cfg, maxnreg=MAXNREG)
 
 
 def compile_ws_lists(overrides: dict):
     """The warp-specialized exact tiles of block-sparse attention (``attention_fp8_ws_lists``)
     as the sparse launch takes them (Sol: merging the summary pass's state; ``"summary": false``
     for VSA)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from workbench.kernels.attention_fp8_ws import CONSUMER_REGS, MAXNREG
+    from workbench.kernels.attention_fp8_ws import MAXNREG
     from workbench.kernels.attention_fp8_ws_lists import _fp8_attn_ws_lists_kernel as ws
 
-    f8 = gl.float8e4nv
-    lk = gl.NVMMASharedLayout.get_default_for([64, 128], f8)
-    lv = gl.NVMMASharedLayout.get_default_for([128, 64], f8)
     summary = bool(overrides.get("summary", True))
-    types = [f"tensordesc<fp8e4nv[64, 128],{lk!r}>", f"tensordesc<fp8e4nv[64, 128],{lk!r}>",
-             f"tensordesc<fp8e4nv[128, 64],{lv!r}>",
-             "*fp32", "*fp32", "*fp32", "*fp32", "*bf16", "*bf16"] + ["i32"] * 5 + ["fp32"]
-    types += ["i32"] * 3 + ["*i32", "*i32", "i32", "i32", "i32"]
-    types += ["*fp32", "*fp32"] if summary else ["constexpr", "constexpr"]
+    types = _ws_types(64, 64) + ["*i32", "*i32", "i32", "i32", "i32"]  # lists, N_QB, N_KB, N_BH
+    types += ["*fp32", "*fp32"] if summary else ["constexpr", "constexpr"]  # SUM_O, SUM_ML
     types += ["*i32", "i32"]  # ORDER, ORDER_STRIDE
-    names = ws.arg_names
-    sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
-    cst = dict(STAGES=overrides.get("num_stages", DEFAULT.attention.num_stages),
-               CONS_REGS=CONSUMER_REGS,
-               P_LOG2_SCALE=P_LOG2_SCALES[overrides.get("p_scaling", "unit")],
-               PERM_P=bool(overrides.get("perm_p", DEFAULT.quant.v_perm)), WRITE_LSE=False,
-               OUT_F32=False, INIT_SUMMARY=summary)
-    cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types) if t.startswith("*")}
-    src = GluonASTSource(fn=ws, signature=sig, attrs=attrs,
-                         constexprs={(names.index(k),): v for k, v in cst.items()})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=4, maxnreg=MAXNREG))
+    cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=summary)
+    kernel = _compile_gluon(ws, types, cst, divisibility=True)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
 
 
