@@ -219,18 +219,17 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
     """[{what, ms}] of the passes of one sparse full call (``dispatch.fp8_recipe_attention``),
     each timed alone on the same operands: block sums, routing given them, quantizer, the
     attention launches (with Sol's summary pass; the exact tiles alone), the BF16 prefix rows."""
-    from workbench.kernels import dispatch, routing
+    from workbench.kernels import dispatch
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.quantize import quantize_qkv
 
     B, S, H, D = q.shape
     scale = D ** -0.5
     rcfg = kernel_config.routing
-    sums = routing.block_sums(q, k, v, block=64, minmax=True, config=rcfg)
-    mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
-    kw = dict(layout=layout, scale=scale, sums=sums, config=rcfg)
-    if recipe.sparsity == "sol":
-        kw.update(mu_k=mu_k, mu_v=mu_v)
+    sums, mu_k, mu_v, v_amax = dispatch.sparse_statistics(q, k, v, recipe, rcfg)
+
+    def route():
+        return dispatch.route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k, mu_v, rcfg)
 
     def quant():
         return quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
@@ -238,7 +237,7 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
                             v_bias_correction=recipe.v_bias_correction,
                             config=kernel_config.quant)
 
-    r = routing.route(q, k, v, recipe, **kw)
+    r = route()
     qkv = quant()
     prefix = layout.prefix_len if recipe.dense_prefix else 0
     out = torch.empty_like(q)
@@ -249,9 +248,9 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
                                  routing=rt, sparse=kernel_config.sparse)
 
     stages = [
-        ("block sums + V extremes", lambda: routing.block_sums(q, k, v, block=64, minmax=True,
-                                                              config=rcfg)),
-        ("routing (given the block sums)", lambda: routing.route(q, k, v, recipe, **kw)),
+        ("block sums + V extremes and the statistics",
+         lambda: dispatch.sparse_statistics(q, k, v, recipe, rcfg)),
+        ("routing (given the block sums)", route),
         ("quantizer", quant),
         ("attention launches", lambda: attend(r)),
     ]
@@ -261,7 +260,12 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
     if prefix:
         stages.append(("BF16 prefix rows", lambda: dispatch.dense_prefix_rows(q, k, v, prefix,
                                                                               scale)))
-    return [dict(what=what, ms=time_ms(fn, dev, rep_ms)) for what, fn in stages]
+    # the two passes of many small launches also replayed from a CUDA graph: their GPU time
+    # without the host's launch time (GPU test: test_routing_replays_from_a_cuda_graph)
+    graphed = {"block sums + V extremes and the statistics", "routing (given the block sums)"}
+    return [dict(what=what, ms=time_ms(fn, dev, rep_ms),
+                 gpu_ms=gpu_ms(fn, dev, rep_ms) if what in graphed else None)
+            for what, fn in stages]
 
 
 def _rel_l2(out_rows: torch.Tensor, ref: torch.Tensor) -> float:
@@ -541,10 +545,11 @@ def markdown(report: dict) -> str:
     if report.get("vsa_peer"):
         lines += ["", f"FastVideo VSA: {report['vsa_peer']}"]
     if report.get("stages"):
-        lines += ["", "| pass of one call (timed alone) | route | exact density | ms |",
-                  "|---|---|---|---|"]
+        lines += ["", "| pass of one call (timed alone) | route | exact density | ms "
+                  "| GPU ms (CUDA graph) |", "|---|---|---|---|---|"]
         for r in report["stages"]:
-            lines.append(f"| {r['what']} | {r['recipe']} | {r['density']:.4f} | {r['ms']:.3f} |")
+            lines.append(f"| {r['what']} | {r['recipe']} | {r['density']:.4f} | {r['ms']:.3f} "
+                         f"| {_fmt(r.get('gpu_ms'), '.3f')} |")
     lines += ["", "| routing pass | ms (launches) | GPU ms (CUDA graph) | % of dense FP8 full call "
               "(GPU ms where measured) | exact density | read TB/s |",
               "|---|---|---|---|---|---|"]

@@ -177,15 +177,28 @@ def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | Non
     V: the block sums give the statistics the quantizer centres with (zeros where not smoothed)
     and the routing, whose Sol summary blocks are centred with the same means. config: the
     routing passes' launch shapes."""
+    sums, mu_k, mu_v, v_amax = sparse_statistics(q, k, v, recipe, config)
+    return mu_k, mu_v, v_amax, route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k, mu_v,
+                                               config)
+
+
+def sparse_statistics(q, k, v, recipe: AttentionRecipe, config: RoutingConfig = DEFAULT.routing):
+    """The first step of ``sparse_routing``: (block sums of one Q/K/V read with V's per-block
+    extremes, mu_k, mu_v, v_amax [B, Hkv, D] from them)."""
     sums = routing.block_sums(q, k, v, block=64, minmax=True, config=config)
-    mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
+    return (sums, *sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v))
+
+
+def route_from_sums(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
+                    scale: float, sums, mu_k, mu_v,
+                    config: RoutingConfig = DEFAULT.routing):
+    """The second step of ``sparse_routing``: the recipe's ``BlockRouting`` given the block sums
+    (Sol's summary blocks centred with the quantizer's means mu_k / mu_v)."""
     if recipe.sparsity == "sol":
-        r = routing.sol_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
-                                mu_k=mu_k, mu_v=mu_v, config=config)
-    else:
-        r = routing.vsa_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
-                                config=config)
-    return mu_k, mu_v, v_amax, r
+        return routing.sol_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
+                                   mu_k=mu_k, mu_v=mu_v, config=config)
+    return routing.vsa_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
+                               config=config)
 
 
 def dense_prefix_rows(q, k, v, prefix: int, scale: float) -> torch.Tensor:
