@@ -23,10 +23,7 @@ Accuracy: relative L2 of the video output against the SDPA cuDNN forward.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -55,21 +52,10 @@ class DitBenchConfig:
 
 
 def interceptor_class():
-    """``workbench.capture.AttentionInterceptor``. The capture package's ``__init__`` imports its
-    zarr store; a machine that only times the model may lack zarr, and the interception module
-    itself needs only torch (and diffusers), so it is then loaded on its own."""
-    try:
-        from workbench.capture.intercept import AttentionInterceptor
-    except ImportError:
-        import workbench
+    """``workbench.capture.AttentionInterceptor`` (torch only: the capture package loads its
+    zarr store on first use, so a machine that only times the model needs no zarr)."""
+    from workbench.capture import AttentionInterceptor
 
-        path = os.path.join(os.path.dirname(workbench.__file__), "capture", "intercept.py")
-        name = "workbench_capture_intercept"  # its own name: the package is not importable
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses resolve annotations through sys.modules
-        spec.loader.exec_module(mod)
-        AttentionInterceptor = mod.AttentionInterceptor
     return AttentionInterceptor
 
 

@@ -5,9 +5,9 @@ crash-safe zarr v3 store; ``open_capture(path)`` replays them offline. ``Attenti
 the one interception point that both capture and attention replacement use.
 """
 
+import importlib
+
 from .intercept import AttentionCall, AttentionInterceptor
-from .recorder import Capture, capture
-from .replay import CaptureReader, EntryInfo, open_capture
 from .schema import (
     SCHEMA_VERSION,
     CaptureStoreError,
@@ -19,7 +19,19 @@ from .schema import (
     SchemaVersionError,
     StoreLockedError,
 )
-from .writer import CaptureWriteError
+
+# The store's modules import zarr; they load on first use, so that the interception (torch only)
+# imports on a machine that only times a model (``workbench.bench.dit``) and has no zarr.
+_LAZY = {"Capture": "recorder", "capture": "recorder", "CaptureReader": "replay",
+         "EntryInfo": "replay", "open_capture": "replay", "CaptureWriteError": "writer"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "SCHEMA_VERSION",
