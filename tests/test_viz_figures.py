@@ -75,17 +75,19 @@ def test_drift_per_channel_split_rotated_passthrough(comparison):
     assert "rotated channels 0-95 | pass-through channels 96-127" in fig.layout.title.text
 
 
-@pytest.mark.parametrize("rotated, names, title", [
-    (0, ["A, pass-through"], "pass-through channels 0-63"),
-    (64, ["A, rotated"], "rotated channels 0-63"),
-    (None, ["A, all channels"], "channels 0-63 (RoPE split unknown)"),
+@pytest.mark.parametrize("rotated, tensor, names, title", [
+    (0, "K", ["A, pass-through"], "pass-through channels 0-63"),
+    (64, "K", ["A, rotated"], "rotated channels 0-63"),
+    (None, "K", ["A, all channels"], "channels 0-63 (RoPE split unknown)"),
+    (32, "V", ["A, K's rotated span", "A, K's pass-through span"],
+     "channels 0-31 (K's rotated span) | channels 32-63 (K's pass-through span)"),
 ])
-def test_drift_per_channel_empty_group_vanishes(rotated, names, title):
+def test_drift_per_channel_empty_group_vanishes(rotated, tensor, names, title):
     d = np.linspace(1e-4, 1e-3, 64)
-    fig = F.drift_per_channel({"A": d}, rotated=rotated)
+    fig = F.drift_per_channel({"A": d}, rotated=rotated, tensor=tensor)
     assert [t.name for t in fig.data] == names
-    assert list(fig.data[0].y) == pytest.approx(d)
-    assert not fig.layout.shapes and "nan" not in fig.layout.title.text
+    assert [y for t in fig.data for y in t.y] == pytest.approx(d)
+    assert bool(fig.layout.shapes) == (len(names) == 2) and "nan" not in fig.layout.title.text
     assert title in fig.layout.title.text and "-1" not in fig.layout.title.text
 
 

@@ -244,6 +244,15 @@ def channel_groups(rotated: int | None, head_dim: int, tensor: str = "K"
     return out
 
 
+def channel_group_part(key: str, tensor: str = "K") -> str:
+    """The short name of a ``channel_groups`` group for legends: "rotated" / "pass-through"
+    ("K's rotated span" / "K's pass-through span" for V), "all channels" for key "all"."""
+    part = {"rot": "rotated", "pass": "pass-through"}.get(key)
+    if part is None:
+        return "all channels"
+    return f"K's {part} span" if tensor == "V" else part
+
+
 def check_rotated(rotated: int, head_dim: int) -> None:
     """rotated must be a channel count the head holds: 0 (no RoPE) to D (every channel)."""
     if isinstance(rotated, bool) or not isinstance(rotated, int) or not 0 <= rotated <= head_dim:

@@ -21,6 +21,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from workbench.layout import channel_group_part
 from workbench.metrics import NUMBER_FORMATS, channel_groups
 
 RECIPE_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860"]
@@ -235,9 +236,7 @@ def drift_per_channel(
         d = _np(d).reshape(-1)
         ch = np.arange(d.size)
         for key, label, a, b in groups:
-            part = {"rot": "rotated", "pass": "pass-through"}.get(key, "all channels")
-            if tensor == "V" and key != "all":
-                part = f"K's {part} span"
+            part = channel_group_part(key, tensor)
             fig.add_scatter(
                 x=ch[a:b].tolist(), y=_finite_or_none(d[a:b]), mode="lines+markers",
                 marker_size=3, line=dict(color=_color(i), dash=dashes[key]),
