@@ -22,6 +22,7 @@ the tiling is ``config.KernelConfig`` (default = the measured H200 values).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 
@@ -129,7 +130,8 @@ def fp8_recipe_attention(
     if prefix and config.attention.prefix_stream and q.is_cuda:
         # the BF16 prefix rows depend on the inputs only: start them on a side stream so that
         # they fill the SMs the memory-bound passes and the kernels' tails leave free
-        side = torch.cuda.Stream(device=q.device)
+        side = _side_stream(q.device.index if q.device.index is not None
+                            else torch.cuda.current_device())
         side.wait_stream(torch.cuda.current_stream(q.device))
         with torch.cuda.stream(side):
             prefix_rows = dense_prefix_rows(q, k, v, prefix, scale)
@@ -145,6 +147,13 @@ def fp8_recipe_attention(
     elif prefix:
         out[:, :prefix] = dense_prefix_rows(q, k, v, prefix, scale)
     return (out, lse) if return_lse else out
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    """The prefix rows' side stream of one device, made once (a new stream per call was a driver
+    call per call; the work on it is ordered by the calls' stream waits either way)."""
+    return torch.cuda.Stream(device=device_index)
 
 
 def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: int,
