@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.bench.harness import median_ms  # noqa: E402
+from workbench.bench.harness import interleaved_ms  # noqa: E402
 from workbench.bench.sparse import sweep_configs  # noqa: E402
 from workbench.kernels.config import DEFAULT  # noqa: E402
 from workbench.kernels.dispatch import fp8_recipe_attention  # noqa: E402
@@ -72,14 +72,11 @@ def main(argv=None) -> int:
     rec = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=1.0)
     cfgs = dict(sweep_configs(DEFAULT))
     cfgs = {lab: cfgs[lab] for lab in a.labels}
-    times = {lab: [] for lab in cfgs}
-    for lab, cfg in cfgs.items():  # compile + warm
-        fp8_recipe_attention(q, k, v, rec, layout=syn.layout, config=cfg)
-    for r in range(a.rounds):
-        for lab, cfg in cfgs.items():
-            times[lab].append(median_ms(lambda cfg=cfg: fp8_recipe_attention(
-                q, k, v, rec, layout=syn.layout, config=cfg), rep_ms=a.rep_ms))
-        print(f"round {r + 1}/{a.rounds} done", flush=True)
+    fns = {lab: (lambda cfg=cfg: fp8_recipe_attention(q, k, v, rec, layout=syn.layout,
+                                                      config=cfg)) for lab, cfg in cfgs.items()}
+    for fn in fns.values():  # compile + warm
+        fn()
+    times = interleaved_ms(fns, rounds=a.rounds, rep_ms=a.rep_ms)
     rows = [{"option": lab, "median_ms": statistics.median(t), "min_ms": min(t),
              "max_ms": max(t)} for lab, t in times.items()]
     prof = profile_call(lambda: fp8_recipe_attention(q, k, v, rec, layout=syn.layout))

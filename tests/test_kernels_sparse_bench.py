@@ -87,6 +87,9 @@ def test_sparse_arguments():
     with pytest.raises(SystemExit) as exc:
         sparse.parse_args(["--densities", "0.2", "1.5"])
     assert exc.value.code == 2
+    assert sparse.config_from_args(sparse.parse_args(["--sweep-rounds", "3"])).sweep_rounds == 3
+    with pytest.raises(SystemExit):
+        sparse.parse_args(["--sweep-rounds", "0"])
 
 
 def test_fastvideo_vsa_peer_operands_and_absence():

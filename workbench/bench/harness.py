@@ -33,6 +33,18 @@ def median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def interleaved_ms(fns: dict, *, rounds: int, rep_ms: int = 150) -> dict[str, list[float]]:
+    """{label: [``median_ms`` of each round]}: every fn timed once per round, the fns in turn,
+    `rounds` rounds. Options compared this way share the GPU's drifts (clocks, temperature,
+    neighbours); timed one after the other, whole-call medians moved by up to 0.5 ms between runs
+    of unchanged code at the H3 shape (H200, 2026-12-01), more than the options differed."""
+    times = {label: [] for label in fns}
+    for _ in range(rounds):
+        for label, fn in fns.items():
+            times[label].append(median_ms(fn, rep_ms=rep_ms))
+    return times
+
+
 def graph_median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float | None:
     """GPU time of fn without the host's launch time: fn captured once in a CUDA graph (after two
     eager calls that compile and warm it), then ``median_ms`` of the graph's replays. None when
