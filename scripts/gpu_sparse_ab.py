@@ -71,6 +71,9 @@ def main(argv=None) -> int:
     q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device="cuda"))
     rec = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=1.0)
     cfgs = dict(sweep_configs(DEFAULT))
+    unknown = [lab for lab in a.labels if lab not in cfgs]
+    if unknown:
+        p.error(f"--labels: unknown {unknown}; choose from {list(cfgs)}")
     cfgs = {lab: cfgs[lab] for lab in a.labels}
     fns = {lab: (lambda cfg=cfg: fp8_recipe_attention(q, k, v, rec, layout=syn.layout,
                                                       config=cfg)) for lab, cfg in cfgs.items()}

@@ -39,9 +39,10 @@ def interleaved_ms(fns: dict, *, rounds: int, rep_ms: int = 150) -> dict[str, li
     neighbours); timed one after the other, whole-call medians moved by up to 0.5 ms between runs
     of unchanged code at the H3 shape (H200, 2026-12-01), more than the options differed."""
     times = {label: [] for label in fns}
-    for _ in range(rounds):
-        for label, fn in fns.items():
-            times[label].append(median_ms(fn, rep_ms=rep_ms))
+    labels = list(fns)
+    for r in range(rounds):
+        for label in labels[r % len(labels):] + labels[:r % len(labels)]:  # rotated: no slot bias
+            times[label].append(median_ms(fns[label], rep_ms=rep_ms))
     return times
 
 
@@ -50,10 +51,10 @@ def graph_median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float | N
     eager calls that compile and warm it), then ``median_ms`` of the graph's replays. None when
     fn cannot be captured (it synchronizes, or allocates in a way capture refuses). For passes
     made of many small launches, whose eager time is the host's, not the GPU's."""
+    for _ in range(2):  # outside the try: a failing fn is an error, not "not capturable"
+        fn()
+    torch.cuda.synchronize()
     try:
-        for _ in range(2):
-            fn()
-        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()

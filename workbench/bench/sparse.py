@@ -219,9 +219,10 @@ def sweep_configs(base) -> list[tuple[str, object]]:
 
 
 def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -> list[dict]:
-    """[{what, ms}] of the passes of one sparse full call (``dispatch.fp8_recipe_attention``),
-    each timed alone on the same operands: block sums, routing given them, quantizer, the
-    attention launches (with Sol's summary pass; the exact tiles alone), the BF16 prefix rows."""
+    """[{what, ms, gpu_ms}] of the passes of one sparse full call
+    (``dispatch.fp8_recipe_attention``), each timed alone on the same operands: block sums,
+    routing given them, quantizer, the attention launches (with Sol's summary pass; the exact
+    tiles alone), the BF16 prefix rows; gpu_ms (CUDA-graph replays) for the first two."""
     from workbench.kernels import dispatch
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.quantize import quantize_qkv
@@ -374,13 +375,14 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
     # what a sparse call spends before its routing: the block sums and the statistics taken
     # from them (mu_K, mu_V, V's range: a few small launches), on the GPU
-    g = gpu_ms(lambda: routing.block_sums(q, k, v, minmax=True).kv_moments(
-        smooth_k=sol_base.smooth_k, smooth_v=sol_base.smooth_v), dev, cfg.rep_ms)
+    def sums_and_stats():
+        return routing.block_sums(q, k, v, minmax=True).kv_moments(
+            smooth_k=sol_base.smooth_k, smooth_v=sol_base.smooth_v)
+
+    g = gpu_ms(sums_and_stats, dev, cfg.rep_ms)
     if g is not None:
         report["routing"].append(dict(what="block sums + V extremes + the statistics from them",
-                                      ms=time_ms(lambda: routing.block_sums(
-                                          q, k, v, minmax=True).kv_moments(), dev, cfg.rep_ms),
-                                      gpu_ms=g))
+                                      ms=time_ms(sums_and_stats, dev, cfg.rep_ms), gpu_ms=g))
         log(f"  block sums + statistics: GPU {g:.3f} ms")
     if cfg.sweep:  # the block-sum pass's launch shape (config.RoutingConfig), with extremes
         from workbench.kernels.config import RoutingConfig
@@ -469,12 +471,20 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
 
     # FastVideo's VSA kernel on our VSA routing's block maps (the same exact tiles)
     vsa_plan = [(vsa, dens_v) for _, _, vsa, dens_v in plan if vsa is not None]
-    attend, fv_backend, fv_note = (load_fastvideo_vsa() if cfg.vsa_peer and vsa_plan
-                                   else (None, "", "disabled"))
+    if not cfg.vsa_peer:
+        attend, fv_backend, fv_note = None, "", "disabled (--no-vsa-peer)"
+    elif not vsa_plan:
+        attend, fv_backend, fv_note = None, "", "no VSA rows in this run"
+    elif dev != "cuda":
+        attend, fv_backend, fv_note = None, "", "needs CUDA"
+    elif k.shape[2] != H:
+        attend, fv_backend, fv_note = None, "", "its kernel takes as many K/V heads as query heads"
+    else:
+        attend, fv_backend, fv_note = load_fastvideo_vsa()
     report["vsa_peer"] = (fv_backend + (f" ({fv_note})" if fv_note else "")) if attend \
         else fv_note
-    if attend is None or dev != "cuda":
-        log(f"  FastVideo VSA: skipped ({fv_note or 'needs CUDA'})")
+    if attend is None:
+        log(f"  FastVideo VSA: skipped ({fv_note})")
     else:
         qp, kp, vp, sizes = vsa_peer_operands(q, k, v)
         for vsa, dens_v in vsa_plan:
@@ -482,7 +492,8 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             record(f"FastVideo VSA [{fv_backend}] BF16", lambda bmap=bmap: attend(
                 qp, kp, vp, bmap, sizes), route="vsa", density=dens_v,
                 rows_of=lambda o: o[:, :, :S].transpose(1, 2),
-                note="its block_sparse_attn (map_to_index + forward) on our VSA block map")
+                note="its block_sparse_attn (map_to_index + forward) on our VSA block map; "
+                     "prefix rows block-sparse too (ours: dense BF16)")
             del bmap
         del qp, kp, vp
 
@@ -505,7 +516,8 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         if dev == "cuda" and cfg.sweep_rounds > 1 and timed and not over_budget():
             from .harness import interleaved_ms
 
-            for lab, ts in interleaved_ms(timed, rounds=cfg.sweep_rounds).items():
+            for lab, ts in interleaved_ms(timed, rounds=cfg.sweep_rounds,
+                                          rep_ms=cfg.rep_ms).items():
                 row = rows[lab]
                 row["ms"] = statistics.median(ts)
                 row["ns_per_exact_pair"] = row["ms"] * 1e6 / (dens * pairs)

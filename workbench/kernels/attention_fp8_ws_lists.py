@@ -268,12 +268,12 @@ def _fp8_attn_ws_lists_kernel(
 ):
     """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0)."""
     HEAD_D: gl.constexpr = k_desc.block_type.shape[1]
-    pid_q0 = gl.program_id(0) * 3
+    pid_q0 = gl.program_id(0) * 3  # the CTA's first ORDER entry (not a query block)
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
     bhk = b * (H // GROUP) + h // GROUP
-    m0 = pid_q0 * 64
+    m0 = pid_q0 * 64  # unused here (args[22] keeps the dense kernel's layout): rows are qb * 64
     n_scale = S_pad // 64
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [3, 64, HEAD_D], q_desc.layout)
     # per consumer STAGES slots of two K boxes and two V boxes: [(c * STAGES + slot) * 2 + half]

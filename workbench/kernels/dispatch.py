@@ -151,8 +151,9 @@ def fp8_recipe_attention(
 
 @functools.lru_cache(maxsize=None)
 def _side_stream(device_index: int) -> torch.cuda.Stream:
-    """The prefix rows' side stream of one device, made once (a new stream per call was a driver
-    call per call; the work on it is ordered by the calls' stream waits either way)."""
+    """The prefix rows' side stream of one device, taken once from torch's stream pool (the same
+    kind of stream per call as before, without the per-call device switch); concurrent callers'
+    prefix rows then run one after the other on it, each ordered by its call's stream waits."""
     return torch.cuda.Stream(device=device_index)
 
 
