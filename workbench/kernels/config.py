@@ -176,7 +176,10 @@ class SparseConfig:
     rounds' spread of about 0.5 ms; the same output bits).
     Measured on the H200 at the H3 shape, Sol tau 1 (density 0.149), full calls (BENCHMARKS.md,
     2026-12-01): the defaults 11.7 ms; heavy-first 12.7, kv_splits 2 11.9, no register cap 11.9,
-    gathered loads 12.6, summary chunk 16 / 64 11.8 / 11.7 (chunk 64 within noise, kept 32).
+    gathered loads 12.6, summary chunk 16 / 64 11.8 / 11.7 (chunk 64 within noise, kept 32);
+    with the warp-specialized exact tiles, CTAs by list length and 2-warp block sums (commit
+    ba10f55) 11.03-11.09 ms, NVIDIA's CuTe sol_attn 11.09 in the same run (single timings; the
+    interleaved medians of the options are in BENCHMARKS.md).
     Offline sm_90 compiles (scripts/sass_stats.py), SASS instructions of the main loop per 128
     exact keys: dense 512 (168 registers); sparse with two TMA boxes 600 (168 registers, a few
     spills in the loop; 591 without the cap, which measured slower), gathered loads 1321; TF32
