@@ -2,6 +2,14 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
+
+# The property tests draw the same examples on every run: a fresh clone has no example database,
+# so random draws would make a CI run pass or fail by chance. HYPOTHESIS_PROFILE=explore draws
+# new examples (more of them) to look for failures.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False, max_examples=300)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
