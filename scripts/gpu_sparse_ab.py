@@ -19,11 +19,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workbench.bench.harness import interleaved_ms  # noqa: E402
+from workbench.bench.harness import interleaved_ms, kernel_profile  # noqa: E402
 from workbench.bench.sparse import sweep_configs  # noqa: E402
 from workbench.kernels.config import DEFAULT  # noqa: E402
 from workbench.kernels.dispatch import fp8_recipe_attention  # noqa: E402
@@ -31,31 +30,6 @@ from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import H3_SYNTHETIC, synthetic_qkv  # noqa: E402
 
 LABELS = ("default", "CTAs of consecutive query blocks", "prefix rows after the FP8 passes")
-
-
-def profile_call(fn, n: int = 3) -> list[dict]:
-    """[{kernel, ms per call}] of n calls, plus the calls' mean GPU span."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    rows, t0, t1 = {}, None, None
-    for e in prof.events():
-        if e.device_type.name != "CUDA":
-            continue
-        rows[e.name] = rows.get(e.name, 0.0) + e.device_time_total / 1e3 / n
-        s, f = e.time_range.start, e.time_range.end
-        t0 = s if t0 is None else min(t0, s)
-        t1 = f if t1 is None else max(t1, f)
-    out = [{"kernel": k[:90], "ms_per_call": round(v, 4)} for k, v in
-           sorted(rows.items(), key=lambda kv: -kv[1])]
-    out.append({"kernel": "(span of the calls / n, incl. gaps)",
-                "ms_per_call": round((t1 - t0) / 1e3 / n, 4)})
-    return out
 
 
 def main(argv=None) -> int:
@@ -82,7 +56,7 @@ def main(argv=None) -> int:
     times = interleaved_ms(fns, rounds=a.rounds, rep_ms=a.rep_ms)
     rows = [{"option": lab, "median_ms": statistics.median(t), "min_ms": min(t),
              "max_ms": max(t)} for lab, t in times.items()]
-    prof = profile_call(lambda: fp8_recipe_attention(q, k, v, rec, layout=syn.layout))
+    prof = kernel_profile(lambda: fp8_recipe_attention(q, k, v, rec, layout=syn.layout))
     print("| option | median of rounds ms | min | max |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['option']} | {r['median_ms']:.3f} | {r['min_ms']:.3f} | {r['max_ms']:.3f} |")

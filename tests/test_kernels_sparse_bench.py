@@ -76,6 +76,21 @@ def test_sparse_table_has_the_ratios_and_the_skip_reasons():
     assert "| block sums of Q, K, V | 0.500 |  | 1.25 |  | 2.80 |" in md  # no graph time
 
 
+def test_sparse_table_lists_the_anchor_profile():
+    """The profile table: the ten longest kernels, then the calls' span (always last)."""
+    report = sparse_report()
+    kernels = [dict(kernel=f"k{i}", ms_per_call=12.0 - i) for i in range(12)]
+    kernels.append(dict(kernel="(span of the calls / n, incl. gaps)", ms_per_call=80.0))
+    report["profile"] = dict(recipe="fp8_sol_kv_corrected", density=0.1486, kernels=kernels)
+    md = sparse.markdown(report)
+    lines = [ln for ln in md.splitlines()
+             if ln.startswith("| k") and not ln.startswith("| kernel") or ln.startswith("| (span")]
+    assert [ln.split("|")[1].strip() for ln in lines] == [f"k{i}" for i in range(10)] + [
+        "(span of the calls / n, incl. gaps)"]
+    assert "| (span of the calls / n, incl. gaps) | 80.000 |" in md
+    assert "exact density 0.1486" in md
+
+
 def test_sparse_arguments():
     a = sparse.parse_args([])
     cfg = sparse.config_from_args(a)

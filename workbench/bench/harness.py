@@ -46,6 +46,33 @@ def interleaved_ms(fns: dict, *, rounds: int, rep_ms: int = 150) -> dict[str, li
     return times
 
 
+def kernel_profile(fn, n: int = 3) -> list[dict]:
+    """Where one call's GPU time goes: [{kernel, ms_per_call}] over n calls (torch profiler,
+    CUDA activity), longest first, then the calls' span per call (kernels + gaps + work on other
+    streams overlapping them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    rows, t0, t1 = {}, None, None
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        rows[e.name] = rows.get(e.name, 0.0) + e.device_time_total / 1e3 / n
+        t0 = e.time_range.start if t0 is None else min(t0, e.time_range.start)
+        t1 = e.time_range.end if t1 is None else max(t1, e.time_range.end)
+    out = [{"kernel": name[:90], "ms_per_call": v} for name, v in
+           sorted(rows.items(), key=lambda kv: -kv[1])]
+    if t0 is not None:
+        out.append({"kernel": "(span of the calls / n, incl. gaps)",
+                    "ms_per_call": (t1 - t0) / 1e3 / n})
+    return out
+
+
 def graph_median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float | None:
     """GPU time of fn without the host's launch time: fn captured once in a CUDA graph (after two
     eager calls that compile and warm it), then ``median_ms`` of the graph's replays. None when

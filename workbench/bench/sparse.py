@@ -29,7 +29,8 @@ on ``rows`` evenly spaced query rows (prefix rows included); "emu" is the recipe
   the operands already in its [B, H, S padded to 64, D] layout;
 - routing: the block-sum pass alone (read rate of Q, K and V) and the Sol / VSA routing given
   those block sums (scores, decisions, lists);
-- stages: each pass of one call timed alone at the anchor tau (``stage_times``);
+- stages: each pass of one call timed alone at the anchor tau (``stage_times``), and the
+  anchor call's GPU time per kernel (``harness.kernel_profile``);
 - the sparse kernel's options (``sweep_configs``: schedule, KV splits, loads, summary precision,
   register cap, CTA grouping, block-sum launch shape) at the anchor tau, full calls, each time the
   median of ``sweep_rounds`` interleaved rounds (``harness.interleaved_ms``).
@@ -536,6 +537,14 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
                 report["stages"].append(st)
                 log(f"  stage [{rec.sparsity} {dens:.4f}] {st['what']:34s} {st['ms']:8.3f} ms")
             torch.cuda.empty_cache()
+        # the anchor call's GPU time per kernel (the passes above run alone; here they share
+        # the GPU as in a call: the prefix rows' side stream overlaps the rest)
+        from .harness import kernel_profile
+
+        sol = plan[-1][0]
+        report["profile"] = dict(recipe=sol.to_string(), density=plan[-1][1],
+                                 kernels=kernel_profile(lambda: run_attention(
+                                     q, k, v, sol, layout=layout, backend="kernel")))
     report["total_s"] = time.time() - t0
     return report
 
@@ -579,6 +588,13 @@ def markdown(report: dict) -> str:
         for r in report["stages"]:
             lines.append(f"| {r['what']} | {r['recipe']} | {r['density']:.4f} | {r['ms']:.3f} "
                          f"| {_fmt(r.get('gpu_ms'), '.3f')} |")
+    if report.get("profile"):
+        prof = report["profile"]
+        lines += ["", f"| kernel of one call (torch profiler; {prof['recipe']}, exact density "
+                      f"{prof['density']:.4f}) | ms per call |", "|---|---|"]
+        kernels = prof["kernels"]
+        for r in kernels[:10] + ([kernels[-1]] if len(kernels) > 10 else []):
+            lines.append(f"| {r['kernel']} | {r['ms_per_call']:.3f} |")
     lines += ["", "| routing pass | ms (launches) | GPU ms (CUDA graph) | % of dense FP8 full call "
               "(GPU ms where measured) | exact density | read TB/s |",
               "|---|---|---|---|---|---|"]
