@@ -367,18 +367,17 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     # routing: the block-sum pass and the tau for each density
     sol_base = get_recipe(cfg.sol_recipe).with_(sol_threshold=cfg.threshold)
     n_bytes = sum(t.numel() * t.element_size() for t in (q, k, v))
-    for minmax in (False, True):
+    for minmax in (False, True):  # one kernel each: its launch time is its GPU time
         ms = time_ms(lambda mm=minmax: routing.block_sums(q, k, v, minmax=mm), dev, cfg.rep_ms)
         what = "block sums of Q, K, V" + (" + V extremes (replaces kv_stats)" if minmax else "")
         report["routing"].append(dict(what=what, ms=ms, read_tbs=n_bytes / (ms * 1e-3) / 1e12))
-        g = gpu_ms(lambda mm=minmax: routing.block_sums(q, k, v, minmax=mm), dev, cfg.rep_ms)
-        report["routing"][-1]["gpu_ms"] = g
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
     # what a sparse call spends before its routing: the block sums and the statistics taken
     # from them (mu_K, mu_V, V's range: a few small launches), on the GPU
+    from workbench.kernels.dispatch import sparse_statistics
+
     def sums_and_stats():
-        return routing.block_sums(q, k, v, minmax=True).kv_moments(
-            smooth_k=sol_base.smooth_k, smooth_v=sol_base.smooth_v)
+        return sparse_statistics(q, k, v, sol_base)
 
     g = gpu_ms(sums_and_stats, dev, cfg.rep_ms)
     if g is not None:
@@ -407,11 +406,10 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             tau = routing.sol_tau_for_density(q, k, v, sol_base, d, layout=layout, sums=sums)
         sol = sol_base.with_(sol_tau=tau)
         r = routing.sol_routing(q, k, v, sol, layout=layout, sums=sums)
-        ms_sol = time_ms(lambda sol=sol, s=sums: routing.sol_routing(q, k, v, sol,
-                                                                     layout=layout, sums=s),
-                         dev, cfg.rep_ms)
-        g_sol = gpu_ms(lambda sol=sol, s=sums: routing.sol_routing(q, k, v, sol, layout=layout,
-                                                                   sums=s), dev, cfg.rep_ms)
+        def sol_route(sol=sol, s=sums):
+            return routing.sol_routing(q, k, v, sol, layout=layout, sums=s)
+
+        ms_sol, g_sol = time_ms(sol_route, dev, cfg.rep_ms), gpu_ms(sol_route, dev, cfg.rep_ms)
         report["routing"].append(dict(what=f"sol routing (given block sums) tau={tau:.4g}",
                                       target=d, ms=ms_sol, gpu_ms=g_sol, density=r.density))
         log(f"  target {d}: sol tau {tau:.4g} density {r.density:.4f} routing {ms_sol:.3f} ms"
@@ -421,11 +419,11 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             vsa = sol_base.with_(sparsity="vsa", vsa_tile=64,
                                  vsa_keep=vsa_keep_for_density(d, nb, n_prefix_tiles))
             rv_density = routing.vsa_routing(q, k, v, vsa, layout=layout, sums=sums).density
-            ms_vsa = time_ms(lambda vsa=vsa, s=sums: routing.vsa_routing(q, k, v, vsa,
-                                                                         layout=layout, sums=s),
-                             dev, cfg.rep_ms)
-            g_vsa = gpu_ms(lambda vsa=vsa, s=sums: routing.vsa_routing(
-                q, k, v, vsa, layout=layout, sums=s), dev, cfg.rep_ms)
+            def vsa_route(vsa=vsa, s=sums):
+                return routing.vsa_routing(q, k, v, vsa, layout=layout, sums=s)
+
+            ms_vsa = time_ms(vsa_route, dev, cfg.rep_ms)
+            g_vsa = gpu_ms(vsa_route, dev, cfg.rep_ms)
             report["routing"].append(dict(
                 what=f"vsa routing (given block sums) keep={vsa.vsa_keep:.4g}", target=d,
                 ms=ms_vsa, gpu_ms=g_vsa, density=rv_density))
