@@ -108,13 +108,6 @@ def compile_ws(overrides: dict):
     return kernel, dataclasses.replace(cfg, maxnreg=MAXNREG)
 
 
-def _summary_in_kernel(overrides: dict) -> bool:
-    """Whether Sol's summary route runs inside the warp-specialized kernel for these overrides
-    (``SparseConfig.summary_route``)."""
-    route = overrides.get("summary_route", DEFAULT.sparse.summary_route)
-    return route in ("auto", "in_kernel")
-
-
 def compile_ws_lists(overrides: dict):
     """The warp-specialized exact tiles of block-sparse attention (``attention_fp8_ws_lists``)
     as the sparse launch takes them (Sol: merging the summary pass's state; ``"summary": false``
@@ -123,14 +116,10 @@ def compile_ws_lists(overrides: dict):
     from workbench.kernels.attention_fp8_ws_lists import _fp8_attn_ws_lists_kernel as ws
 
     summary = bool(overrides.get("summary", True))
-    in_kernel = summary and _summary_in_kernel(overrides)
     types = _ws_types(64, 64) + ["*i32", "*i32", "i32", "i32", "i32"]  # lists, N_QB, N_KB, N_BH
-    pass_state = summary and not in_kernel
-    types += ["*fp32", "*fp32"] if pass_state else ["constexpr", "constexpr"]  # SUM_O, SUM_ML
+    types += ["*fp32", "*fp32"] if summary else ["constexpr", "constexpr"]  # SUM_O, SUM_ML
     types += ["*i32", "i32"]  # ORDER, ORDER_STRIDE
-    types += ["*bf16", "*bf16", "*fp32"] if in_kernel else ["constexpr"] * 3  # KC, VCS, LENS
-    cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=pass_state, SUMMARY=in_kernel,
-               SUM_CHUNK=overrides.get("summary_chunk", DEFAULT.sparse.summary_chunk))
+    cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=summary)
     kernel = _compile_gluon(ws, types, cst, divisibility=True)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
 

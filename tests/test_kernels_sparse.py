@@ -147,12 +147,7 @@ def test_kv_parts_summary_precisions_and_schedules_agree():
     for sparse in (SparseConfig(kv_splits=2, summary_precision="ieee"),
                    SparseConfig(kv_splits=4, summary_chunk=16, summary_precision="ieee"),
                    SparseConfig(kv_splits=1, summary_precision="bf16"),
-                   SparseConfig(kv_splits=1, summary_precision="ieee"),
-                   # the summary route after the exact tiles in the same program
-                   SparseConfig(kv_splits=1, summary_precision="ieee",
-                                summary_route="in_kernel"),
-                   SparseConfig(kv_splits=2, summary_precision="bf16",
-                                summary_route="in_kernel")):
+                   SparseConfig(kv_splits=1, summary_precision="ieee")):
         out, lse = fp8_attention_fwd(qkv, sparse=sparse, **kw)
         assert rel_l2(out, ref) <= 1.25 * e_emu, sparse
         assert rel_l2(out, base.double()) < 0.2 * e_base, sparse
@@ -163,16 +158,8 @@ def test_sparse_config_rules_and_refusals():
     assert SparseConfig().splits_for(28560, 132) == 1  # H3: 72 waves of 3 programs per SM
     assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
     assert SparseConfig(kv_splits=2).splits_for(28560, 132) == 2
-    # Sol's summary route: in the warp-specialized kernel when it takes the operands
-    assert SparseConfig().summary_route_for(True) == "in_kernel"
-    assert SparseConfig().summary_route_for(False) == "pass"
-    assert SparseConfig(summary_precision="tf32").summary_route_for(True) == "pass"
-    assert SparseConfig(summary_chunk=64).summary_route_for(True) == "pass"
-    assert SparseConfig(summary_route="pass").summary_route_for(True) == "pass"
-    assert SparseConfig(summary_route="in_kernel").summary_route_for(False) == "in_kernel"
     for bad in (dict(schedule="random"), dict(kv_splits=3), dict(summary_precision="fp8"),
-                dict(summary_chunk=48), dict(ws_grouping="random"),
-                dict(summary_route="fused")):
+                dict(summary_chunk=48), dict(ws_grouping="random")):
         with pytest.raises(ValueError, match="SparseConfig"):
             SparseConfig(**bad)
     cfg = DEFAULT.from_overrides({"sparse": {"kv_splits": 4}})
@@ -259,10 +246,6 @@ hopper = pytest.mark.skipif(
     # the warp-specialized exact tiles (one KV part: at this size the split rule picks two)
     ((4111, 4, 2, 128), "fp8_sol_kv_corrected",
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
-    ((4111, 4, 2, 128), "fp8_sol_kv_corrected:sol_tau=0.5",
-     SparseConfig(schedule="warp_specialized", kv_splits=1, summary_chunk=16)),
-    ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sol_threshold=diag",
-     SparseConfig(schedule="warp_specialized", kv_splits=1, summary_route="pass")),
     ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
 ])

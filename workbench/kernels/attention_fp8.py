@@ -705,15 +705,13 @@ def fp8_attention_fwd(
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
             sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
             launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
-        if sp.ws:  # the exact tiles (and Sol's summary route), warp-specialized
-            from . import attention_fp8_ws_lists as ws_lists
+        from . import attention_fp8_ws_lists as ws_lists
 
-            summary = (sp.args[3], sp.args[4], sp.args[5]) if sp.summary == "in_kernel" else None
+        if ws_lists.applies(qkv, sparse, sp.splits, c):  # the exact tiles, warp-specialized
             ws_lists.fp8_attention_ws_lists(qkv, routing, out=out, lse=lse, scale=scale,
                                             row_start=row_start, out_f32=out_f32,
                                             p_log2_scale=P_LOG2_SCALES[p_scaling],
-                                            sum_o=sp.sum_o, sum_ml=sp.sum_ml, summary=summary,
-                                            summary_chunk=sparse.summary_chunk,
+                                            sum_o=sp.sum_o, sum_ml=sp.sum_ml,
                                             stages=c.num_stages, grouping=sparse.ws_grouping)
         else:
             launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
@@ -745,10 +743,6 @@ class _SparseLaunch:
     summary_constexprs: dict | None = None
     sum_o: torch.Tensor | None = None
     sum_ml: torch.Tensor | None = None
-    # the exact tiles on the warp-specialized kernel; where Sol's summary route runs: "pass"
-    # (sum_o / sum_ml), "in_kernel" (after the exact tiles in the same program), None (VSA)
-    ws: bool = False
-    summary: str | None = None
 
     @classmethod
     def build(cls, qkv, routing, sparse: SparseConfig, c: AttentionConfig, grid):
@@ -765,31 +759,21 @@ class _SparseLaunch:
         n_sms = (torch.cuda.get_device_properties(dev).multi_processor_count
                  if dev.type == "cuda" else 132)
         splits = sparse.splits_for(B * H * nq, n_sms)
-        from . import attention_fp8_ws_lists as ws_lists
-
-        ws = ws_lists.applies(qkv, sparse, splits, c)
         cst = dict(SPARSE=True)
         kc = vcs = lens = order = part_o = part_ml = None
-        sum_cst = sum_o = sum_ml = summary = None
+        sum_cst = sum_o = sum_ml = None
         if routing.kc is not None:  # Sol's summary route
             kc = routing.kc.contiguous()
             vcs = (routing.vc / qkv.v_scale[:, :, None, :]).contiguous()  # s_v: the epilogue's
             if sparse.summary_precision == "bf16":  # the kernel's rounding, done once here
                 kc, vcs = kc.to(torch.bfloat16), vcs.to(torch.bfloat16)
             lens = routing.lens.to(torch.float32).contiguous()
-            summary = sparse.summary_route_for(ws)
-            if summary == "in_kernel" and not sparse.ws_summary_ok:
-                ws = False  # asked for in the program: the programs kernel's form of it
-            if summary == "pass":
-                # its own pass; the exact-tile pass merges its state
-                sum_cst = dict(SPARSE=True, SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
-                               SUM_PREC=sparse.summary_precision)
-                sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=dev)
-                sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=dev)
-                cst["INIT_SUMMARY"] = True
-            else:  # after the exact tiles in the same program (the Triton kernel's SUMMARY)
-                cst.update(SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
+            # its own pass (config.SparseConfig says why); the exact-tile pass merges its state
+            sum_cst = dict(SPARSE=True, SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
                            SUM_PREC=sparse.summary_precision)
+            sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=dev)
+            sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=dev)
+            cst["INIT_SUMMARY"] = True
         if sparse.schedule == "heavy_first":
             # list rows bh * nq + i, the longest exact list first (stable: ties in grid order)
             order = torch.argsort(routing.counts.reshape(-1), descending=True, stable=True)
@@ -804,8 +788,7 @@ class _SparseLaunch:
             part_ml = torch.empty((2, splits, B * H, S_pad), dtype=torch.float32, device=dev)
         args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, kc, vcs, lens,
                 part_o, part_ml, nq, nk)
-        return cls(launch, args, cst, splits, part_o, part_ml, sum_cst, sum_o, sum_ml, ws,
-                   summary)
+        return cls(launch, args, cst, splits, part_o, part_ml, sum_cst, sum_o, sum_ml)
 
 
 def default_scale(d: int) -> float:

@@ -21,8 +21,9 @@ Taken for one KV part (``SparseConfig.kv_splits`` 1), E4M3 operands, head dim 12
 (``SparseConfig.schedule="warp_specialized"``) and the attention tiling it implements (128 keys
 per tile, flush "fma" after <= 128 terms, two slots: three rings of three slots would need 312 KB
 of shared memory); otherwise the programs kernel runs. Sol's summary route stays its own Triton
-pass. Gluon does not run in the interpreter: the CPU tests compile it for sm_90a, the GPU
-tests compare it with the Triton kernel.
+pass (in this kernel, after each consumer's exact tiles, it measured slower: commit 1e33a5d,
+``config.SparseConfig``). Gluon does not run in the interpreter: the CPU tests compile it for
+sm_90a, the GPU tests compare it with the Triton kernel.
 
 Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad]; lists BLOCKS
 [B * H * N_QB, N_KB] (ascending exact key blocks, ``COUNTS`` entries each, at least one); ORDER
@@ -36,7 +37,6 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -124,8 +124,7 @@ def _row_list(c: gl.constexpr, args):
 
 @gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
-              SUMMARY: gl.constexpr, SUM_CHUNK: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
     """The producer warp (the consumers' signature: warp_specialize's worker partitions share
     one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -210,104 +209,8 @@ def _blocks(lst, cnt, n_all, i, args):
 
 
 @gluon.jit
-def _summary_rows(k, bufs, lst, cnt, n_sum, args, CHUNK: gl.constexpr):
-    """Chunk k of the not-exact key blocks (list entries cnt + k * CHUNK ..): their kc and
-    vc / s_v rows (BF16, gathered) by asynchronous copies, one commit group, into buffers
-    kc0 + k % 2 and vc0 + k % 2 of ``bufs`` = (buffers, kc0, vc0); rows past the list are
-    zeros (masked)."""
-    KC, VCS, bhk, N_KB = args[39], args[40], args[19], args[31]
-    rows_buf, kc0, vc0 = bufs
-    HEAD_D: gl.constexpr = rows_buf.shape[2]
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
-                                        warps_per_cta=[4, 1], order=[1, 0])
-    ci = k * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, ld))
-    ok = ci < n_sum
-    js = gl.load(lst + cnt + ci, mask=ok, other=0)
-    rows = (bhk * N_KB + js)[:, None] * HEAD_D \
-        + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, ld))[None, :]
-    async_copy.async_copy_global_to_shared(rows_buf.index(kc0 + k % 2), KC + rows,
-                                           mask=ok[:, None])
-    async_copy.async_copy_global_to_shared(rows_buf.index(vc0 + k % 2), VCS + rows,
-                                           mask=ok[:, None])
-    async_copy.commit_group()
-
-
-@gluon.jit
-def _summary_route(acc, l_i, m_i, qs, lst, cnt, c: gl.constexpr, args, mma: gl.constexpr,
-                   P_LOG2_SCALE: gl.constexpr, CHUNK: gl.constexpr):
-    """Sol's summary route after consumer c's exact tiles, in the same online softmax
-    (``attention_fp8._summary_step`` with BF16 operands, op for op): per chunk of CHUNK
-    not-exact key blocks t = q . kc_j (Q's E4M3 codes in BF16, exact), w = 2^(t * qs - m) on
-    vc_j / s_v in the numerator and w * len_j in the denominator. The operands live in the
-    consumer's ring, free once its exact tiles are done (the producer loads nothing more for
-    it): Q in BF16 in two of its K boxes, kc / vc chunks double-buffered in its V boxes,
-    gathered by asynchronous copies a chunk ahead."""
-    q_smem, k_smem, v_smem, ready, LENS, N_KB = (args[3], args[4], args[5], args[7], args[41],
-                                                 args[31])
-    STAGES: gl.constexpr = ready.shape[0] // 3
-    HEAD_D: gl.constexpr = q_smem.shape[2]
-    gl.static_assert(STAGES == 2 and (CHUNK == 16 or CHUNK == 32))
-    base: gl.constexpr = 2 * c * STAGES  # this consumer's first K box and first V box
-    # Q's codes in BF16 (64 x HEAD_D x 2 bytes: two 64-key FP8 boxes): the K boxes as BF16
-    # [64, HEAD_D] buffers
-    q16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HEAD_D], gl.bfloat16)
-    rows16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([CHUNK, HEAD_D], gl.bfloat16)
-    q_bf = k_smem._reinterpret(gl.bfloat16, [3 * STAGES, 64, HEAD_D], q16).index(base // 2)
-    # the V boxes as BF16 [CHUNK, HEAD_D] buffers (PER of them in one box): kc chunks in the
-    # consumer's first two, vc chunks in the two from its box base + STAGES
-    PER: gl.constexpr = 32 // CHUNK
-    rows_buf = v_smem._reinterpret(gl.bfloat16, [6 * STAGES * PER, CHUNK, HEAD_D], rows16)
-    bufs = (rows_buf, base * PER, (base + STAGES) * PER)
-    n_sum = N_KB - cnt
-    n_chunks = gl.cdiv(n_sum, CHUNK)
-    _summary_rows(0, bufs, lst, cnt, n_sum, args, CHUNK)
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
-                                        warps_per_cta=[4, 1], order=[1, 0])
-    q_bf.store(q_smem.index(c).load(ld).to(gl.bfloat16))
-    mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, CHUNK, 16])
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, HEAD_D, 16])
-    w_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, mma)
-    cols_t: gl.constexpr = gl.SliceLayout(0, mma_t)
-    zt = gl.zeros([64, CHUNK], gl.float32, mma_t)
-    zo = gl.zeros([64, HEAD_D], gl.float32, mma_o)
-    for k in range(n_chunks):
-        if k + 1 < n_chunks:  # the next chunk's rows fly during this chunk's products
-            _summary_rows(k + 1, bufs, lst, cnt, n_sum, args, CHUNK)
-            async_copy.wait_group(1)
-        else:
-            async_copy.wait_group(0)
-        fence_async_shared()
-        kc = rows_buf.index(bufs[1] + k % 2)
-        t = warpgroup_mma(q_bf, kc.permute((1, 0)), zt, use_acc=False, is_async=True)
-        ci = k * CHUNK + gl.arange(0, CHUNK, layout=cols_t)
-        ok = ci < n_sum
-        lens = gl.load(LENS + gl.load(lst + cnt + ci, mask=ok, other=0), mask=ok, other=0.0)
-        t = warpgroup_mma_wait(0, deps=(t,))
-        t = gl.where(ok[None, :], t, float("-inf"))
-        m_cand = gl.maximum(m_i, gl.convert_layout(gl.max(t, axis=1), rows,
-                                                   assert_trivial=True))
-        mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-        mq_t = gl.convert_layout(mq, gl.SliceLayout(1, mma_t), assert_trivial=True)
-        w = gl.exp2(gl.fma(t, gl.full([64, CHUNK], qs, gl.float32, mma_t),
-                           -gl.broadcast(mq_t[:, None], t)[0]))
-        ls = gl.sum(w * lens[None, :], axis=1)
-        l_i = l_i * alpha + gl.convert_layout(ls, rows, assert_trivial=True)
-        w16 = gl.convert_layout(w.to(gl.bfloat16), w_layout)
-        pv = warpgroup_mma(w16, rows_buf.index(bufs[2] + k % 2), zo, use_acc=False,
-                           is_async=True)
-        pv = warpgroup_mma_wait(0, deps=(pv,))
-        acc = acc * alpha[:, None] + gl.convert_layout(pv, mma, assert_trivial=True)
-        m_i = m_cand
-    return acc, l_i, m_i
-
-
-@gluon.jit
 def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
-              SUMMARY: gl.constexpr, SUM_CHUNK: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
     """Consumer c: the query block of entry pid_q0 + c of the head's ORDER (nothing past the
     last entry)."""
     (q_smem, q_bar, SQ, S_pad, n_scale, bh, qk_scale_log2, pid_q0, N_QB, N_BH, SUM_O,
@@ -337,9 +240,6 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         if n_full < n_all:
             acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, blocks, cnt, c,
                                          args, mma64, mma, P_LOG2_SCALE, PERM_P)
-        if SUMMARY:  # Sol's summary route, continuing the same online softmax
-            acc, l_i, m_i = _summary_route(acc, l_i, m_i, qs, lst, cnt, c, args, mma,
-                                           P_LOG2_SCALE, SUM_CHUNK)
         r0 = qb * 64
         if INIT_SUMMARY:
             # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
@@ -362,10 +262,10 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
 def _fp8_attn_ws_lists_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
-    BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML, ORDER, ORDER_STRIDE, KC, VCS, LENS,
+    BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML, ORDER, ORDER_STRIDE,
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
-    INIT_SUMMARY: gl.constexpr, SUMMARY: gl.constexpr = False, SUM_CHUNK: gl.constexpr = 32,
+    INIT_SUMMARY: gl.constexpr,
 ):
     """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0)."""
     HEAD_D: gl.constexpr = k_desc.block_type.shape[1]
@@ -390,24 +290,18 @@ def _fp8_attn_ws_lists_kernel(
     fence_async_shared()
     # the dense kernel's 28 arguments first (its epilogue helper reads them), then the lists':
     # 28 BLOCKS, 29 COUNTS, 30 N_QB, 31 N_KB, 32 the K scales' offset, 33 N_BH, 34 SUM_O,
-    # 35 SUM_ML, 36 the CTA's first ORDER entry, 37 ORDER, 38 ORDER_STRIDE, 39 KC, 40 VCS,
-    # 41 LENS (Sol's summary operands, read in the kernel with SUMMARY)
-    gl.static_assert(not (SUMMARY and INIT_SUMMARY))
+    # 35 SUM_ML, 36 the CTA's first ORDER entry, 37 ORDER, 38 ORDER_STRIDE
     args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
             stride_ob, stride_os, stride_oh, row_start,
             BLOCKS, COUNTS, N_QB, N_KB, bhk * n_scale, N_BH, SUM_O, SUM_ML, pid_q0, ORDER,
-            ORDER_STRIDE, KC, VCS, LENS)
+            ORDER_STRIDE)
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
     gl.warp_specialize([
-        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUMMARY, SUM_CHUNK)),
-        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUMMARY, SUM_CHUNK)),
-        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUMMARY, SUM_CHUNK)),
-        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUMMARY, SUM_CHUNK)),
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
@@ -427,27 +321,11 @@ def query_order(counts: torch.Tensor, grouping: str) -> torch.Tensor:
 
 def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: int,
                            out_f32: bool, p_log2_scale: float, sum_o=None, sum_ml=None,
-                           summary=None, summary_chunk: int = 32, stages: int = 2,
-                           grouping: str = "by_length"):
+                           stages: int = 2, grouping: str = "by_length"):
     """The exact tiles of block-sparse attention on the warp-specialized schedule, into `out`
-    (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge; or
-    ``summary`` = (kc [B, Hkv, nk, D] BF16, vc / s_v [B, Hkv, nk, D] BF16, lens [nk] FP32):
-    Sol's summary route in this kernel, ``summary_chunk`` (16 or 32) not-exact blocks per
-    step; grouping: which query blocks share a CTA (``query_order``)."""
+    (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge;
+    grouping: which query blocks share a CTA (``query_order``)."""
     B, H, S_pad, D = qkv.q8.shape
-    if summary is not None:
-        if sum_o is not None:
-            raise ValueError("summary route: in this kernel (summary=) or merged from the "
-                             "summary pass (sum_o=), not both")
-        if summary_chunk not in (16, 32) or summary_chunk > 16 * stages:
-            raise ValueError(f"summary_chunk: {summary_chunk}; the warp-specialized kernel "
-                             f"takes 16 or 32 (its chunks live in the consumer's ring)")
-        kc, vcs, lens = summary
-        if kc.dtype != torch.bfloat16 or vcs.dtype != torch.bfloat16:
-            raise ValueError(f"summary operands: kc {kc.dtype}, vc {vcs.dtype}; expected "
-                             "bfloat16")
-    else:
-        kc = vcs = lens = None
     Hkv = qkv.k8.shape[1]
     nq, nk = routing.exact.shape[-2:]
     order = query_order(routing.counts, grouping)
@@ -459,11 +337,10 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
         qkv.seq_len, S_pad, H, H // Hkv, row_start, scale * LOG2E,
         out.stride(0), out.stride(1), out.stride(2),
         routing.blocks.contiguous(), routing.counts.contiguous(), nq, nk, B * H,
-        sum_o, sum_ml, order, order.stride(0) if order.shape[0] > 1 else 0, kc, vcs, lens,
+        sum_o, sum_ml, order, order.stride(0) if order.shape[0] > 1 else 0,
         STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
         PERM_P=bool(qkv.v_perm), WRITE_LSE=lse is not None, OUT_F32=out_f32,
-        INIT_SUMMARY=sum_o is not None, SUMMARY=summary is not None,
-        SUM_CHUNK=summary_chunk, num_warps=4, maxnreg=MAXNREG,
+        INIT_SUMMARY=sum_o is not None, num_warps=4, maxnreg=MAXNREG,
     )
     return out, lse
 

@@ -134,7 +134,6 @@ class StatsConfig:
 SCHEDULES = ("rows", "heavy_first", "warp_specialized")
 WS_GROUPINGS = ("consecutive", "by_length")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
-SUMMARY_ROUTES = ("auto", "pass", "in_kernel")
 
 
 @dataclass(frozen=True)
@@ -161,7 +160,10 @@ class SparseConfig:
     exact-tile launch, which then keeps the dense loop's register budget. Run after the exact
     tiles in the same program (commit 116e606 has it), its operands next to the accumulator need
     more than 168 registers: with the cap ptxas spills and serializes every wgmma, without it
-    two programs fit an SM instead of three (H200, density 0.149: 17.09 vs 16.06 ms).
+    two programs fit an SM instead of three (H200, density 0.149: 17.09 vs 16.06 ms). Inside
+    the warp-specialized kernel (commit 1e33a5d: after a consumer's exact tiles, its ring
+    holding Q in BF16 and kc / vc chunks gathered by cp.async) it also lost: the list kernel
+    7.49 ms against 5.62 + 1.58 for the exact tiles and the pass (H200, 2026-12-01).
     tma: the exact tiles' K and V as one TMA box per 64-key block, each box feeding its own
     Q K^T and P @ V from shared memory (True), or gathered pointer loads (False). With BF16
     summary operands kc and vc / s_v are rounded to BF16 once on the host (the values the kernel
@@ -196,12 +198,8 @@ class SparseConfig:
     tma: bool = True
     maxnreg: int | None = 168
     ws_grouping: str = "by_length"
-    summary_route: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.summary_route not in SUMMARY_ROUTES:
-            raise ValueError(f"SparseConfig.summary_route: {self.summary_route!r}; choose one "
-                             f"of {SUMMARY_ROUTES}")
         if self.ws_grouping not in WS_GROUPINGS:
             raise ValueError(f"SparseConfig.ws_grouping: {self.ws_grouping!r}; choose one of "
                              f"{WS_GROUPINGS}")
@@ -216,21 +214,6 @@ class SparseConfig:
         if self.summary_chunk not in (16, 32, 64, 128):
             raise ValueError(f"SparseConfig.summary_chunk: {self.summary_chunk}; choose 16, 32, "
                              "64 or 128")
-
-    def summary_route_for(self, warp_specialized: bool) -> str:
-        """Where Sol's summary route runs when the exact tiles take the warp-specialized kernel
-        (`warp_specialized`) or the programs kernel: "pass" or "in_kernel" (``summary_route``;
-        "auto" = in the warp-specialized kernel when it takes these summary operands, BF16 in
-        chunks of 16 or 32, else the pass)."""
-        if self.summary_route != "auto":
-            return self.summary_route
-        return "in_kernel" if warp_specialized and self.ws_summary_ok else "pass"
-
-    @property
-    def ws_summary_ok(self) -> bool:
-        """Whether the warp-specialized kernel runs this summary route (BF16 operands, chunks
-        of 16 or 32 blocks: they live in the consumer's ring)."""
-        return self.summary_precision == "bf16" and self.summary_chunk in (16, 32)
 
     def splits_for(self, n_programs: int, n_sms: int) -> int:
         """kv_splits, or the rule's choice for a grid of n_programs (list rows) on n_sms SMs."""
