@@ -154,6 +154,25 @@ def test_kv_parts_summary_precisions_and_schedules_agree():
         assert float((lse - base_lse).abs().max()) < 1e-2
 
 
+@cpu_only
+@pytest.mark.parametrize("name", ["fp8_sol_kv_corrected:sol_tau=0.5",
+                                  "fp8_dense_kv_corrected:dense_prefix=true",
+                                  "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3"])
+def test_prefix_blocks_skipped_without_lse_same_output(name):
+    """Without an LSE the FP8 programs of query blocks made only of dense-prefix rows return at
+    once (their rows are the BF16 prefix rows'): the output is bitwise the one of the call that
+    writes the LSE and so runs them, also in the summary pass and with two KV parts; with a
+    prefix of 150 rows, two of seven 64-row blocks are skipped."""
+    q, k, v, layout = synthetic(420, 2, 1, 64, seed=4, prefix=(30, 120))
+    for cfg in (DEFAULT, DEFAULT.with_sparse(kv_splits=2)):
+        full, _ = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, return_lse=True,
+                                                config=cfg)
+        skipped = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=cfg)
+        assert torch.equal(full, skipped), (name, cfg.sparse.kv_splits)
+        ref = dispatch.dense_prefix_rows(q, k, v, layout.prefix_len, 64**-0.5)
+        assert torch.equal(skipped[:, :layout.prefix_len], ref)
+
+
 def test_sparse_config_rules_and_refusals():
     assert SparseConfig().splits_for(28560, 132) == 1  # H3: 72 waves of 3 programs per SM
     assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
@@ -262,6 +281,22 @@ def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name
     print(f"GPU {name} {shape} {sparse}: kernel {e_k:.4e} emulation {e_e:.4e} "
           f"density {emu.exact_fraction:.3f}")
     assert e_k <= 1.25 * e_e, (e_k, e_e)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("name", ["fp8_sol_kv_corrected",
+                                  "fp8_dense_kv_corrected:dense_prefix=true",
+                                  "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2"])
+def test_gpu_prefix_blocks_skipped_without_lse_same_output(name):
+    """As the CPU test, on the compiled kernels (the warp-specialized ones included): 314
+    prefix rows, so 4 of 65 query blocks of 64 rows (1 of 22 dense CTAs of 192) return at
+    once; the output equals the LSE-writing call's bitwise."""
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=3, prefix=(14, 300), device="cuda")
+    full, _ = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, return_lse=True)
+    skipped = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
+    print(f"GPU prefix skip {name}: {int((full != skipped).sum())} of {full.numel()} differ")
+    assert torch.equal(full, skipped)
 
 
 @pytest.mark.gpu

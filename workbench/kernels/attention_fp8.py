@@ -498,6 +498,9 @@ def _fp8_attn_fwd_kernel(
     else:
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
+    if not WRITE_LSE:
+        if (pid_m + 1) * BLOCK_M <= row_start:
+            return  # rows the caller overwrites (the dense-prefix rows): nothing is stored
     b = bh // H
     h = bh % H
     bhk = b * (H // GROUP) + h // GROUP

@@ -219,6 +219,9 @@ def _fp8_attn_ws_kernel(
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_D: gl.constexpr = k_desc.block_type.shape[1]
     pid_m = gl.program_id(0)
+    if not WRITE_LSE:
+        if (pid_m + 1) * (64 * N_CONS) <= row_start:
+            return  # rows the caller overwrites (the dense-prefix rows): nothing is stored
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H

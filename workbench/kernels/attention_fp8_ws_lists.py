@@ -110,14 +110,19 @@ def _query_block(c: gl.constexpr, args):
 
 
 @gluon.jit
-def _row_list(c: gl.constexpr, args):
+def _row_list(c: gl.constexpr, args, WRITE_LSE: gl.constexpr):
     """(list pointer, entries, tiles, unmasked tiles) of consumer c's query block (no tiles past
-    the last block)."""
-    (S, bh, pid_q0, BLOCKS, COUNTS, N_QB, N_KB) = (
-        args[15], args[18], args[36], args[28], args[29], args[30], args[31])
-    row = bh * N_QB + _query_block(c, args)
+    the last block; none for a block of rows < row_start, the dense-prefix rows the caller
+    overwrites, unless their LSE is written)."""
+    (S, bh, pid_q0, BLOCKS, COUNTS, N_QB, N_KB, row_start) = (
+        args[15], args[18], args[36], args[28], args[29], args[30], args[31], args[27])
+    qb = _query_block(c, args)
+    row = bh * N_QB + qb
     lst = BLOCKS + row.to(gl.int64) * N_KB
-    cnt = gl.where(pid_q0 + c < N_QB, gl.load(COUNTS + row), 0)
+    runs = pid_q0 + c < N_QB
+    if not WRITE_LSE:
+        runs = runs & ((qb + 1) * 64 > row_start)
+    cnt = gl.where(runs, gl.load(COUNTS + row), 0)
     n_full, n_all = _list_shape(lst, cnt, S)
     return lst, cnt, n_all, n_full
 
@@ -135,7 +140,8 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     for c in gl.static_range(3):
         tma.async_copy_global_to_shared(q_desc, [bh * S_pad + _query_block(c, args) * 64, 0],
                                         q_bar, q_smem.index(c))
-    lists = (_row_list(0, args), _row_list(1, args), _row_list(2, args))
+    lists = (_row_list(0, args, WRITE_LSE), _row_list(1, args, WRITE_LSE),
+             _row_list(2, args, WRITE_LSE))
     n_max = gl.maximum(lists[0][2], gl.maximum(lists[1][2], lists[2][2]))
     kbase = bhk * S_pad
     vbase = bhk * HEAD_D
@@ -212,19 +218,19 @@ def _blocks(lst, cnt, n_all, i, args):
 def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
     """Consumer c: the query block of entry pid_q0 + c of the head's ORDER (nothing past the
-    last entry)."""
-    (q_smem, q_bar, SQ, S_pad, n_scale, bh, qk_scale_log2, pid_q0, N_QB, N_BH, SUM_O,
-     SUM_ML) = (args[3], args[6], args[9], args[16], args[17], args[18], args[23],
-                args[36], args[30], args[33], args[34], args[35])
+    last entry, nor for a block of dense-prefix rows: ``_row_list``)."""
+    (q_smem, q_bar, SQ, S_pad, n_scale, bh, qk_scale_log2, N_BH, SUM_O, SUM_ML) = (
+        args[3], args[6], args[9], args[16], args[17], args[18], args[23], args[33], args[34],
+        args[35])
     HEAD_D: gl.constexpr = q_smem.shape[2]
     mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                     instr_shape=[16, 64, 32])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, HEAD_D, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
-    if pid_q0 + c < N_QB:
+    lst, cnt, n_all, n_full = _row_list(c, args, WRITE_LSE)
+    if cnt > 0:  # lists hold at least one block: 0 = no query block (past the end, prefix)
         qb = _query_block(c, args)
-        lst, cnt, n_all, n_full = _row_list(c, args)
         qs = gl.load(SQ + bh * n_scale + qb) * qk_scale_log2
         m_i = gl.full([64], float("-inf"), gl.float32, rows)
         l_i = gl.zeros([64], gl.float32, rows)
