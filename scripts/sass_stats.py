@@ -44,10 +44,11 @@ OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F
 
 
 SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk", "schedule",
-               "sparse_maxnreg", "summary_only")
+               "sparse_maxnreg", "summary_only", "summary_kernel")
 
 
-def _compile_gluon(fn, types: list[str], constexprs: dict, *, divisibility: bool = False):
+def _compile_gluon(fn, types: list[str], constexprs: dict, *, divisibility: bool = False,
+                   maxnreg: int | None = None):
     """Compile a Gluon kernel for sm_90a as its launch does: `types` the leading arguments'
     signature types (the rest constexpr), `constexprs` their values (a "constexpr" type's value
     None); divisibility: tell the compiler every pointer is 16-byte aligned (torch's
@@ -65,7 +66,7 @@ def _compile_gluon(fn, types: list[str], constexprs: dict, *, divisibility: bool
     src = GluonASTSource(fn=fn, signature=sig, attrs=attrs,
                          constexprs={(names.index(k),): v for k, v in cst.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options=dict(num_warps=4, maxnreg=MAXNREG))
+                            options=dict(num_warps=4, maxnreg=maxnreg or MAXNREG))
     return kernel
 
 
@@ -124,8 +125,26 @@ def compile_ws_lists(overrides: dict):
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
 
 
+def compile_summary_gluon(overrides: dict):
+    """Sol's summary pass in Gluon (``summary_gluon``) as the sparse launch takes it (head dim
+    128, the prefix blocks skipped)."""
+    from workbench.kernels.summary_gluon import MAXNREG
+    from workbench.kernels.summary_gluon import _summary_kernel as ks
+
+    types = ["*fp8e4nv", "*fp32", "*i32", "*i32", "*bf16", "*bf16", "*fp32", "*fp32", "*fp32"]
+    types += ["i32"] * 7 + ["fp32"]
+    cst = dict(HEAD_D=128, CHUNK=overrides.get("summary_chunk", DEFAULT.sparse.summary_chunk),
+               P_LOG2_SCALE=P_LOG2_SCALES[overrides.get("p_scaling", "unit")],
+               SKIP_PREFIX=True)
+    kernel = _compile_gluon(ks, types, cst, divisibility=True, maxnreg=MAXNREG)
+    return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
+
+
 def compile_sm90(overrides: dict):
     """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
+    if overrides.get("summary_only") and \
+            overrides.get("summary_kernel", DEFAULT.sparse.summary_kernel) == "gluon":
+        return compile_summary_gluon(overrides)
     if overrides.get("schedule") == "warp_specialized":
         if overrides.get("sparse"):
             return compile_ws_lists(overrides)

@@ -178,7 +178,8 @@ def test_sparse_config_rules_and_refusals():
     assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
     assert SparseConfig(kv_splits=2).splits_for(28560, 132) == 2
     for bad in (dict(schedule="random"), dict(kv_splits=3), dict(summary_precision="fp8"),
-                dict(summary_chunk=48), dict(ws_grouping="random")):
+                dict(summary_chunk=48), dict(ws_grouping="random"),
+                dict(summary_kernel="cuda")):
         with pytest.raises(ValueError, match="SparseConfig"):
             SparseConfig(**bad)
     cfg = DEFAULT.from_overrides({"sparse": {"kv_splits": 4}})
@@ -297,6 +298,38 @@ def test_gpu_prefix_blocks_skipped_without_lse_same_output(name):
     skipped = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
     print(f"GPU prefix skip {name}: {int((full != skipped).sum())} of {full.numel()} differ")
     assert torch.equal(full, skipped)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("name,chunk", [("fp8_sol_kv_corrected", 32),
+                                        ("fp8_sol_kv_corrected:sol_threshold=diag,sol_tau=0.3"
+                                         ",p_scaling=exp2_offset8", 16)])
+def test_gpu_summary_pass_gluon_matches_triton(name, chunk, monkeypatch):
+    """Sol's summary pass in Gluon against the Triton pass on the same lists: the same products
+    in the same chunks, summed into the rescaled accumulator instead of a fresh one, so the
+    outputs agree to the last BF16 bit or so and the LSE to float rounding."""
+    from workbench.kernels import summary_gluon
+
+    calls = []
+    real = summary_gluon.summary_pass
+    monkeypatch.setattr(summary_gluon, "summary_pass",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=7, prefix=(14, 100), device="cuda")
+    rec = get_recipe(name)
+    qkv, route = operands(q, k, v, rec, layout)
+    outs = [fp8_attention_fwd(qkv, num_heads=4, scale=128**-0.5, routing=route,
+                              return_lse=True, p_scaling=rec.p_scaling,
+                              sparse=SparseConfig(summary_kernel=kern, summary_chunk=chunk))
+            for kern in ("gluon", "triton")]
+    assert calls == [1]  # the Gluon pass ran once, the Triton one the other time
+    (a, lse_a), (b, lse_b) = outs
+    ulps = bf16_ulps(a, b)
+    print(f"GPU summary pass gluon vs triton {name}: {int((ulps > 0).sum())} of {a.numel()} "
+          f"differ, max {float(ulps.max()):.0f} BF16 ulp, LSE max |diff| "
+          f"{float((lse_a - lse_b).abs().max()):.2e}")
+    assert float(ulps.max()) <= 2 and float((ulps > 0).float().mean()) < 1e-3
+    torch.testing.assert_close(lse_a, lse_b, rtol=0, atol=1e-5)
 
 
 @pytest.mark.gpu

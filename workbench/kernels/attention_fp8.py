@@ -706,8 +706,19 @@ def fp8_attention_fwd(
         launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
     else:
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
-            sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o, sp.sum_ml)
-            launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True), None)
+            from . import summary_gluon
+
+            if summary_gluon.applies(qkv, sparse, interp):
+                summary_gluon.summary_pass(qkv, *sp.args[:2], *sp.args[3:6], sp.sum_o, sp.sum_ml,
+                                           scale=scale, row_start=row_start,
+                                           p_log2_scale=P_LOG2_SCALES[p_scaling],
+                                           chunk=sparse.summary_chunk,
+                                           skip_prefix=not return_lse)
+            else:
+                sum_args = sp.args[:6] + (None, None) + sp.args[8:] + (B * H, sp.sum_o,
+                                                                       sp.sum_ml)
+                launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True),
+                       None)
         from . import attention_fp8_ws_lists as ws_lists
 
         if ws_lists.applies(qkv, sparse, sp.splits, c):  # the exact tiles, warp-specialized

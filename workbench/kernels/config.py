@@ -134,6 +134,7 @@ class StatsConfig:
 SCHEDULES = ("rows", "heavy_first", "warp_specialized")
 WS_GROUPINGS = ("consecutive", "by_length")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
+SUMMARY_KERNELS = ("gluon", "triton")
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,11 @@ class SparseConfig:
     rounded to before).
     maxnreg: the register cap of the exact-tile launch (None: none); the separate summary pass
     runs uncapped.
+    summary_kernel: the summary pass as a Gluon kernel ("gluon": Q's BF16 codes and the kc /
+    vc chunks in shared memory, products added into the accumulator: 125 registers, four
+    programs per SM; ``summary_gluon``; compiled, E4M3 operands, head dim 128, BF16 summary
+    operands in chunks of 16 or 32) or the Triton kernel's specialization ("triton": 168
+    registers, three per SM; also every case the Gluon one does not take).
     ws_grouping: which three query blocks of a head share a CTA of the warp-specialized exact
     tiles: "consecutive" (sequence order) or "by_length" (sorted by exact-list length, longest
     first: the CTA's time is its longest list, and at Sol tau 1 on synthetic H3 inputs the three
@@ -198,6 +204,7 @@ class SparseConfig:
     tma: bool = True
     maxnreg: int | None = 168
     ws_grouping: str = "by_length"
+    summary_kernel: str = "gluon"
 
     def __post_init__(self) -> None:
         if self.ws_grouping not in WS_GROUPINGS:
@@ -211,6 +218,9 @@ class SparseConfig:
         if self.summary_precision not in SUMMARY_PRECISIONS:
             raise ValueError(f"SparseConfig.summary_precision: {self.summary_precision!r}; "
                              f"choose one of {SUMMARY_PRECISIONS}")
+        if self.summary_kernel not in SUMMARY_KERNELS:
+            raise ValueError(f"SparseConfig.summary_kernel: {self.summary_kernel!r}; choose one "
+                             f"of {SUMMARY_KERNELS}")
         if self.summary_chunk not in (16, 32, 64, 128):
             raise ValueError(f"SparseConfig.summary_chunk: {self.summary_chunk}; choose 16, 32, "
                              "64 or 128")
