@@ -128,24 +128,11 @@ def compile_ws_lists(overrides: dict):
 def compile_summary_gluon(overrides: dict):
     """Sol's summary pass in Gluon (``summary_gluon``) as the sparse launch takes it (head dim
     128, the prefix blocks skipped)."""
-    from triton.experimental.gluon import language as gl
-
-    from workbench.kernels.attention_fp8_ws import CONSUMER_REGS
-    from workbench.kernels.attention_fp8_ws import MAXNREG as WS_MAXNREG
-    from workbench.kernels.summary_gluon import MAXNREG, _summary_shared_kernel
+    from workbench.kernels.summary_gluon import MAXNREG
     from workbench.kernels.summary_gluon import _summary_kernel as ks
 
     chunk = overrides.get("summary_chunk", DEFAULT.sparse.summary_chunk)
     p_log2 = P_LOG2_SCALES[overrides.get("p_scaling", "unit")]
-    if overrides.get("summary_kernel") == "gluon_shared":
-        lay = gl.NVMMASharedLayout.get_default_for([chunk, 128], gl.bfloat16)
-        desc = f"tensordesc<bf16[{chunk}, 128],{lay!r}>"
-        types = [desc, desc, "*fp8e4nv", "*fp32", "*u8", "*fp32", "*fp32", "*fp32"]
-        types += ["i32"] * 8 + ["fp32"]
-        cst = dict(STAGES=3, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2)
-        kernel = _compile_gluon(_summary_shared_kernel, types, cst, divisibility=True,
-                                maxnreg=WS_MAXNREG)
-        return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=WS_MAXNREG)
     types = ["*fp8e4nv", "*fp32", "*i32", "*i32", "*bf16", "*bf16", "*fp32", "*fp32", "*fp32"]
     types += ["i32"] * 7 + ["fp32"]
     cst = dict(HEAD_D=128, CHUNK=chunk, P_LOG2_SCALE=p_log2, SKIP_PREFIX=True)

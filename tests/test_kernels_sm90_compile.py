@@ -107,14 +107,3 @@ def test_gluon_summary_pass_compiles_four_per_sm():
     assert 65536 // (128 * gl_st["regs"]) >= 4 > 65536 // (128 * tr_st["regs"]), (gl_st, tr_st)
     assert gl_st["MUFU.EX2"] == 18, gl_st  # the loop's, no other exponentials
 
-
-@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
-def test_gluon_shared_chunk_summary_pass_compiles():
-    """The shared-chunk summary pass (three consumer warpgroups and a TMA producer warp): the
-    warp-specialized kernels' register split, no spills at chunks of 32 and 64 blocks, and its
-    three ring slots of kc / vc chunks beside Q's BF16 codes within one SM's shared memory."""
-    for st in sass_stats({"sparse": True, "summary_only": True, "summary_kernel": "gluon_shared"},
-                         {"sparse": True, "summary_only": True, "summary_kernel": "gluon_shared",
-                          "summary_chunk": 64}):
-        assert st["ptxas"] == "spill stores 0 B" and st["STL"] == 0, st
-        assert {24, 160, 168} <= set(st["setmaxnreg"]) and st["shared"] <= 227 * 1024, st

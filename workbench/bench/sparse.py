@@ -209,7 +209,6 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("kv_splits 2", base.with_sparse(kv_splits=2)),
         ("gathered loads", base.with_sparse(tma=False)),
         ("summary pass in Triton", base.with_sparse(summary_kernel="triton")),
-        ("summary pass sharing chunks", base.with_sparse(summary_kernel="gluon_shared")),
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),

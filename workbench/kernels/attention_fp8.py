@@ -708,13 +708,7 @@ def fp8_attention_fwd(
         if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
             from . import summary_gluon
 
-            if summary_gluon.applies(qkv, sparse, interp) and \
-                    sparse.summary_kernel == "gluon_shared":
-                summary_gluon.summary_pass_shared(
-                    qkv, routing.exact.contiguous(), *sp.args[3:6], sp.sum_o, sp.sum_ml,
-                    scale=scale, row_start=0 if return_lse else row_start,
-                    p_log2_scale=P_LOG2_SCALES[p_scaling], chunk=sparse.summary_chunk)
-            elif summary_gluon.applies(qkv, sparse, interp):
+            if summary_gluon.applies(qkv, sparse, interp):
                 summary_gluon.summary_pass(qkv, *sp.args[:2], *sp.args[3:6], sp.sum_o, sp.sum_ml,
                                            scale=scale, row_start=row_start,
                                            p_log2_scale=P_LOG2_SCALES[p_scaling],

@@ -134,7 +134,7 @@ class StatsConfig:
 SCHEDULES = ("rows", "heavy_first", "warp_specialized")
 WS_GROUPINGS = ("consecutive", "by_length")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
-SUMMARY_KERNELS = ("gluon", "gluon_shared", "triton")
+SUMMARY_KERNELS = ("gluon", "triton")
 
 
 @dataclass(frozen=True)
@@ -174,11 +174,11 @@ class SparseConfig:
     summary_kernel: the summary pass as a Gluon kernel ("gluon": Q's BF16 codes and the kc /
     vc chunks in shared memory, products added into the accumulator: 125 registers, four
     programs per SM; ``summary_gluon``; compiled, E4M3 operands, head dim 128, BF16 summary
-    operands in chunks of 16 or 32), the same with the three consecutive query blocks of a CTA
-    sharing every kc / vc chunk ("gluon_shared": all key blocks in order, each consumer masking
-    its exact ones, one TMA producer warp; chunks of 16, 32 or 64) or the Triton kernel's
-    specialization ("triton": 168 registers, three per SM; also every case the Gluon ones do
-    not take).
+    operands in chunks of 16 or 32) or the Triton kernel's specialization ("triton": 168
+    registers, three per SM; also every case the Gluon one does not take). H200, H3 anchor
+    (2026-12-01): the pass 1.49-1.50 ms against 1.55-1.58, the same output bits; whole calls
+    within the interleaved rounds' spread (10.48 vs 10.62 and 10.70 vs 10.47 ms, 7 rounds each).
+    Sharing each chunk among a CTA's three query blocks was slower (commit c2419c8).
     ws_grouping: which three query blocks of a head share a CTA of the warp-specialized exact
     tiles: "consecutive" (sequence order) or "by_length" (sorted by exact-list length, longest
     first: the CTA's time is its longest list, and at Sol tau 1 on synthetic H3 inputs the three

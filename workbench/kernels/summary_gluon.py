@@ -13,7 +13,11 @@ cp.async, the next chunk's while this one is multiplied), and the products added
 rescaled accumulator itself (BF16 products keep FP32 sums; the fresh accumulator of the exact
 tiles serves FP8's truncated accumulation), so a program fits 128 registers and 48 KB: four per
 SM where the Triton pass (168 registers) fits three. The sums are the Triton pass's up to FP32
-rounding (the order of acc * alpha and the chunk's products).
+rounding (the order of acc * alpha and the chunk's products; the GPU tests found the same bits).
+A schedule sharing each chunk among a CTA's three query blocks (every key block in order, the
+exact ones masked, one TMA producer warp: 2.6x less kc / vc traffic at Sol tau 1) measured
+slower, 1.56-2.20 ms against 1.49 at the H3 anchor (commit c2419c8): the pass is not bound by
+that traffic.
 
 Gluon does not run in Triton's interpreter: the CPU tests compile it for sm_90a; the GPU tests
 compare its state with the Triton pass's and the whole call with float64.
@@ -26,21 +30,16 @@ SUM_O [B * H, S_pad, D] FP32, SUM_ML [2, B * H, S_pad] FP32 (m * qs, l). Head di
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
-    mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .attention_fp8_ws import CONSUMER_REGS, _row_bias
-from .attention_fp8_ws import MAXNREG as WS_MAXNREG
+from .attention_fp8_ws import _row_bias
 
 LOG2E = 1.4426950408889634
 MAXNREG = 128  # four 128-thread programs per SM
@@ -143,159 +142,12 @@ def _summary_kernel(Q8, SQ, BLOCKS, COUNTS, KC, VCS, LENS, SUM_O, SUM_ML,
     gl.store(SUM_ML + N_BH * S_pad + srow, l_i)
 
 
-@gluon.jit
-def _shared_producer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr):
-    """One warp: every chunk of the head's kc / vc rows into the ring, once for the CTA's three
-    consumers (the same signature as the consumers'; only args is read)."""
-    (kc_desc, vc_desc, kc_s, vc_s, ready, empty, bhk, N_KB) = (
-        args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7])
-    STAGES: gl.constexpr = kc_s.shape[0]
-    CH: gl.constexpr = kc_s.shape[1]
-    for i in range(gl.cdiv(N_KB, CH)):
-        slot = i % STAGES
-        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), kc_desc.block_type.nbytes + vc_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(kc_desc, [bhk * N_KB + i * CH, 0], ready.index(slot),
-                                        kc_s.index(slot))
-        tma.async_copy_global_to_shared(vc_desc, [bhk * N_KB + i * CH, 0], ready.index(slot),
-                                        vc_s.index(slot))
-
-
-@gluon.jit
-def _shared_consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr):
-    """Consumer c: query block pid * 3 + c against every key block in chunks of CH consecutive
-    blocks, the exact ones (and those past the last) masked; (acc, m * qs, l) stored."""
-    (kc_s, vc_s, ready, empty, N_KB, Q8, SQ, EXACT, LENS, SUM_O, SUM_ML, q_bf, S_pad, bh,
-     N_QB, N_BH, qk_scale_log2, pid_q0, row_start) = (
-        args[2], args[3], args[4], args[5], args[7], args[8], args[9], args[10], args[11],
-        args[12], args[13], args[14], args[15], args[16], args[17], args[18], args[19],
-        args[20], args[21])
-    STAGES: gl.constexpr = kc_s.shape[0]
-    CH: gl.constexpr = kc_s.shape[1]
-    HEAD_D: gl.constexpr = kc_s.shape[2]
-    qb = gl.minimum(pid_q0 + c, N_QB - 1)  # a consumer past the end repeats the last (unstored)
-    row = bh * N_QB + qb
-    ldq: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
-                                         warps_per_cta=[4, 1], order=[1, 0])
-    rq = (bh * S_pad + qb * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ldq))).to(gl.int64)
-    dq = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, ldq))
-    q = q_bf.index(c)
-    q.store(gl.load(Q8 + rq[:, None] * HEAD_D + dq[None, :]).to(gl.bfloat16))
-    fence_async_shared()
-    qs = gl.load(SQ + bh * (S_pad // 64) + qb) * qk_scale_log2
-    mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, CH, 16])
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, HEAD_D, 16])
-    w_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, mma)
-    cols_t: gl.constexpr = gl.SliceLayout(0, mma_t)
-    m_i = gl.full([64], float("-inf"), gl.float32, rows)
-    l_i = gl.zeros([64], gl.float32, rows)
-    acc = gl.zeros([64, HEAD_D], gl.float32, mma)
-    zt = gl.zeros([64, CH], gl.float32, mma_t)
-    erow = EXACT + row.to(gl.int64) * N_KB
-    for i in range(gl.cdiv(N_KB, CH)):
-        slot = i % STAGES
-        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-        t = warpgroup_mma(q, kc_s.index(slot).permute((1, 0)), zt, use_acc=False,
-                          is_async=True)
-        j = i * CH + gl.arange(0, CH, layout=cols_t)
-        keep = (gl.load(erow + j, mask=j < N_KB, other=1) == 0) & (j < N_KB)
-        lens = gl.load(LENS + j, mask=keep, other=0.0)
-        t = warpgroup_mma_wait(0, deps=(t,))
-        t = gl.where(keep[None, :], t, float("-inf"))
-        m_cand = gl.maximum(m_i, gl.convert_layout(gl.max(t, axis=1), rows,
-                                                   assert_trivial=True))
-        mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-        # rows without a summary block yet (m = -inf, a chunk of exact blocks only): w = 0 and
-        # alpha = 0 on the empty state instead of 2^(-inf + inf)
-        mq = gl.where(m_cand == float("-inf"), 0.0, mq)
-        alpha = gl.where(m_cand == float("-inf"), 0.0, alpha)
-        mq_t = gl.convert_layout(mq, gl.SliceLayout(1, mma_t), assert_trivial=True)
-        w = gl.exp2(gl.fma(t, gl.full([64, CH], qs, gl.float32, mma_t),
-                           -gl.broadcast(mq_t[:, None], t)[0]))
-        ls = gl.sum(w * lens[None, :], axis=1)
-        l_i = l_i * alpha + gl.convert_layout(ls, rows, assert_trivial=True)
-        w16 = gl.convert_layout(w.to(gl.bfloat16), w_layout)
-        acc = warpgroup_mma(w16, vc_s.index(slot), acc * alpha[:, None], is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(empty.index(slot), count=1)
-        m_i = m_cand
-    if pid_q0 + c < N_QB:
-        if (qb + 1) * 64 > row_start:
-            srow = (bh * S_pad + qb * 64 + gl.arange(0, 64, layout=rows)).to(gl.int64)
-            d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma))
-            gl.store(SUM_O + srow[:, None] * HEAD_D + d[None, :], acc)
-            gl.store(SUM_ML + srow, m_i * qs)
-            gl.store(SUM_ML + N_BH * S_pad + srow, l_i)
-
-
-@gluon.jit
-def _summary_shared_kernel(kc_desc, vc_desc, Q8, SQ, EXACT, LENS, SUM_O, SUM_ML,
-                           S_pad, H, GROUP, N_QB, N_KB, N_BH, row_start, qk_scale_log2,
-                           STAGES: gl.constexpr, CONS_REGS: gl.constexpr,
-                           P_LOG2_SCALE: gl.constexpr):
-    """Grid (cdiv(N_QB, 3), B * H), 4 warps (the default partition = consumer 0). row_start:
-    query blocks of rows < row_start store nothing (0 when their state is wanted)."""
-    CH: gl.constexpr = kc_desc.block_type.shape[0]
-    HEAD_D: gl.constexpr = kc_desc.block_type.shape[1]
-    pid_q0 = gl.program_id(0) * 3
-    bh = gl.program_id(1)
-    if (pid_q0 + 3) * 64 <= row_start:
-        return  # three blocks of dense-prefix rows: nothing to store
-    b = bh // H
-    h = bh % H
-    bhk = b * (H // GROUP) + h // GROUP
-    q16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, HEAD_D], gl.bfloat16)
-    q_bf = gl.allocate_shared_memory(gl.bfloat16, [3, 64, HEAD_D], q16)
-    kc_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CH, HEAD_D], kc_desc.layout)
-    vc_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, CH, HEAD_D], vc_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=3)
-    fence_async_shared()
-    args = (kc_desc, vc_desc, kc_s, vc_s, ready, empty, bhk, N_KB, Q8, SQ, EXACT, LENS, SUM_O,
-            SUM_ML, q_bf, S_pad, bh, N_QB, N_BH, qk_scale_log2, pid_q0, row_start)
-    gl.warp_specialize([
-        (_shared_consumer, (args, 0, P_LOG2_SCALE)),
-        (_shared_consumer, (args, 1, P_LOG2_SCALE)),
-        (_shared_consumer, (args, 2, P_LOG2_SCALE)),
-        (_shared_producer, (args, 0, P_LOG2_SCALE)),
-    ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
-
-
 def applies(qkv, sparse, interp: bool) -> bool:
-    """Whether Sol's summary pass takes one of this module's kernels
-    (``SparseConfig.summary_kernel`` "gluon" / "gluon_shared"): compiled, E4M3 Q, head dim
-    128, BF16 summary operands in chunks of 16 or 32 blocks (64 too for "gluon_shared")."""
-    chunks = (16, 32, 64) if sparse.summary_kernel == "gluon_shared" else (16, 32)
-    return (sparse.summary_kernel in ("gluon", "gluon_shared") and not interp
+    """Whether Sol's summary pass takes this kernel (``SparseConfig.summary_kernel``): compiled,
+    E4M3 Q, head dim 128, BF16 summary operands in chunks of 16 or 32 blocks."""
+    return (sparse.summary_kernel == "gluon" and not interp
             and qkv.q8.dtype == torch.float8_e4m3fn and qkv.q8.shape[-1] == 128
-            and sparse.summary_precision == "bf16" and sparse.summary_chunk in chunks)
-
-
-def summary_pass_shared(qkv, exact, kc, vcs, lens, sum_o, sum_ml, *, scale: float,
-                        row_start: int, p_log2_scale: float, chunk: int, stages: int = 3):
-    """``summary_pass`` on the shared-chunk schedule: CTAs of three consecutive query blocks of
-    a head walk all its key blocks in chunks of `chunk`, loaded once per CTA by a TMA producer
-    warp, each consumer masking its exact blocks (``exact`` [B, H, nq, nk] bool, contiguous)."""
-    B, H, S_pad, D = qkv.q8.shape
-    Hkv = qkv.k8.shape[1]
-    nq, nk = exact.shape[-2:]
-    if kc.dtype != torch.bfloat16 or vcs.dtype != torch.bfloat16:
-        raise ValueError(f"summary operands: kc {kc.dtype}, vc {vcs.dtype}; expected bfloat16")
-    lay = gl.NVMMASharedLayout.get_default_for([chunk, D], gl.bfloat16)
-    kd = TensorDescriptor.from_tensor(kc.view(B * Hkv * nk, D), [chunk, D], lay)
-    vd = TensorDescriptor.from_tensor(vcs.view(B * Hkv * nk, D), [chunk, D], lay)
-    _summary_shared_kernel[(triton.cdiv(nq, 3), B * H)](
-        kd, vd, qkv.q8, qkv.q_scale, exact.view(torch.uint8), lens, sum_o, sum_ml,
-        S_pad, H, H // Hkv, nq, nk, B * H, row_start, scale * LOG2E,
-        STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
-        num_warps=4, maxnreg=WS_MAXNREG,
-    )
+            and sparse.summary_precision == "bf16" and sparse.summary_chunk in (16, 32))
 
 
 def summary_pass(qkv, blocks, counts, kc, vcs, lens, sum_o, sum_ml, *, scale: float,
