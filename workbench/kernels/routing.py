@@ -116,6 +116,72 @@ def _block_sums_kernel(
             tl.store(VMIN + o, vmin)
 
 
+@triton.jit
+def _head_group_sums(X, OUT, OMAX, OMIN, base, stride_s, stride_h, n_heads, g, blk, S, n_blocks,
+                     out_head0, HEAD_D: tl.constexpr, BLOCK: tl.constexpr, HG: tl.constexpr,
+                     ROWS: tl.constexpr, MINMAX: tl.constexpr):
+    """Sums (and max / min) over one BLOCK-token block of heads g * HG .. g * HG + HG - 1 of X,
+    per channel: [ROWS, HG * HEAD_D] sub-tiles (the heads' channels side by side, one column
+    per channel), laid out with whole columns in a thread, so each thread adds its own channels
+    over the rows (no reduction across threads, no barrier). Stored at rows
+    (out_head0 + head) * n_blocks + blk of OUT [.., n_blocks, HEAD_D]."""
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, HG * HEAD_D)
+    hh = g * HG + c // HEAD_D
+    d = c % HEAD_D
+    c_ok = hh < n_heads
+    col = hh * stride_h + d
+    acc = tl.zeros([HG * HEAD_D], tl.float32)
+    hi = tl.full([HG * HEAD_D], float("-inf"), tl.float32)
+    lo = tl.full([HG * HEAD_D], float("inf"), tl.float32)
+    for i in tl.static_range(BLOCK // ROWS):
+        t = blk * BLOCK + i * ROWS + r
+        ok = (t < S)[:, None] & c_ok[None, :]
+        x = tl.load(X + base + t[:, None] * stride_s + col[None, :], mask=ok, other=0.0)
+        x = x.to(tl.float32)
+        acc += tl.sum(x, axis=0)
+        if MINMAX:
+            hi = tl.maximum(hi, tl.max(tl.where(ok, x, float("-inf")), axis=0))
+            lo = tl.minimum(lo, tl.min(tl.where(ok, x, float("inf")), axis=0))
+    o = ((out_head0 + hh) * n_blocks + blk) * HEAD_D + d
+    tl.store(OUT + o, acc, mask=c_ok)
+    if MINMAX:
+        tl.store(OMAX + o, hi, mask=c_ok)
+        tl.store(OMIN + o, lo, mask=c_ok)
+
+
+@triton.jit
+def _block_sums_columns_kernel(
+    Q, K, V, QS, KS, VS, VMAX, VMIN,
+    S, H, HKV, n_blocks, n_groups_q, n_groups_kv,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    HEAD_D: tl.constexpr, BLOCK: tl.constexpr, HG: tl.constexpr, ROWS: tl.constexpr,
+    MINMAX: tl.constexpr,
+):
+    """Grid (n_blocks, B * max(n_groups_q, n_groups_kv), 3): program (blk, b * G + g, w) sums
+    block blk of head group g of Q (w = 0), K (1) or V (2, with the extremes)."""
+    blk = tl.program_id(0)
+    bg = tl.program_id(1)
+    w = tl.program_id(2)
+    n_g = tl.maximum(n_groups_q, n_groups_kv)
+    b = bg // n_g
+    g = bg % n_g
+    if w == 0:
+        if g < n_groups_q:
+            _head_group_sums(Q, QS, QS, QS, b * stride_qb, stride_qs, stride_qh, H, g, blk, S,
+                             n_blocks, b * H, HEAD_D, BLOCK, HG, ROWS, False)
+    elif w == 1:
+        if g < n_groups_kv:
+            _head_group_sums(K, KS, KS, KS, b * stride_kb, stride_ks, stride_kh, HKV, g, blk,
+                             S, n_blocks, b * HKV, HEAD_D, BLOCK, HG, ROWS, False)
+    else:
+        if g < n_groups_kv:
+            _head_group_sums(V, VS, VMAX, VMIN, b * stride_vb, stride_vs, stride_vh, HKV, g,
+                             blk, S, n_blocks, b * HKV, HEAD_D, BLOCK, HG, ROWS, MINMAX)
+
+
 @dataclass(frozen=True)
 class BlockSums:
     """FP32 per-block sums of one Q/K/V read. nb = ceil(S / block); the last block may be partial.
@@ -177,22 +243,27 @@ def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int 
     B, S, H, Hkv, D = _check_operands(q, k, v)
     if block < 1 or block & (block - 1):
         raise ValueError(f"block: {block} is not a power of two")
-    rows = min(config.block_rows, block)
-    if rows < 1 or rows & (rows - 1):
-        raise ValueError(f"RoutingConfig.block_rows: {config.block_rows} is not a power of two")
+    rows, warps = config.block_shape()
+    rows = min(rows, block)
     nb = triton.cdiv(S, block)
     f32 = {"dtype": torch.float32, "device": q.device}
     qsum = torch.empty((B, H, nb, D), **f32)
     kv = torch.empty((4 if minmax else 2, B, Hkv, nb, D), **f32)
     # without minmax the extremes' pointers are the sums' (never written: MINMAX is constexpr)
-    _block_sums_kernel[(B * H, nb)](
-        q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1],
-        S, H, H // Hkv, nb,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        HEAD_D=D, BLOCK=block, ROWS=rows, MINMAX=minmax, num_warps=config.block_warps,
-    )
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2))
+    if config.block_layout == "columns":
+        hg = config.group_heads
+        gq, gkv = triton.cdiv(H, hg), triton.cdiv(Hkv, hg)
+        _block_sums_columns_kernel[(nb, B * max(gq, gkv), 3)](
+            q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1], S, H, Hkv, nb, gq, gkv, *strides,
+            HEAD_D=D, BLOCK=block, HG=hg, ROWS=rows, MINMAX=minmax, num_warps=warps,
+        )
+    else:
+        _block_sums_kernel[(B * H, nb)](
+            q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1], S, H, H // Hkv, nb, *strides,
+            HEAD_D=D, BLOCK=block, ROWS=rows, MINMAX=minmax, num_warps=warps,
+        )
     lens = torch.full((nb,), float(block), **f32)
     lens[-1:].fill_(float(S - (nb - 1) * block))  # a fill, not a host copy: graph-capturable
     vmax, vmin = (kv[2], kv[3]) if minmax else (None, None)
