@@ -278,7 +278,7 @@ class RoutingConfig:
     def block_shape(self) -> tuple[int, int]:
         """(rows per sub-tile, warps per program) of the block-sum pass: the fields, or where
         None the layout's measured values (heads: 16 rows x 2 warps; columns: 4 x 4)."""
-        rows, warps = {"heads": (16, 2), "columns": (4, 4)}[self.block_layout]
+        rows, warps = {"heads": (16, 2), "columns": (2, 4)}[self.block_layout]
         return (self.block_rows or rows, self.block_warps or warps)
 
 
