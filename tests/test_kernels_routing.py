@@ -40,8 +40,7 @@ from workbench.synthetic import small_config, synthetic_qkv  # noqa: E402
 # (8 heads of the synthetic input, interpreter, 2026-11-30, 5fd5ff3) 110-380 of 2.08M pairs fall
 # in the band and none of them is decided differently.
 ROUNDING_BAND = 1e-5
-# per-head programs, one sub-tile per block: fewer interpreter steps
-FAST = RoutingConfig(block_layout="heads", block_rows=64)
+FAST = RoutingConfig(block_rows=64)  # one sub-tile per block: fewer interpreter steps
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
                               reason="interpreter tests; the GPU test covers CUDA")
@@ -123,7 +122,7 @@ def check_lists(r: routing.BlockRouting):
 def test_block_sums_match_torch_and_are_deterministic(S, H, Hkv, D):
     q, k, v, _ = synthetic(S, H, Hkv, D, seed=S)
     a = routing.block_sums(q, k, v, minmax=True, config=FAST)
-    b = routing.block_sums(q, k, v, minmax=True)  # default launch: the column layout
+    b = routing.block_sums(q, k, v, minmax=True)  # default launch: 2-row sub-tiles
     qbar, lens = block_reduce(q.float(), 64)
     ksum, _ = block_reduce(k.float(), 64, "sum")
     vsum, _ = block_reduce(v.float(), 64, "sum")
@@ -145,10 +144,9 @@ def test_block_sums_match_torch_and_are_deterministic(S, H, Hkv, D):
     assert torch.equal(v_amax, (v.float() - mu_v[:, None]).abs().amax(1))  # exact given mu
     plain = a.kv_moments(smooth_k=False, smooth_v=False)
     assert not plain[0].any() and torch.equal(plain[2], v.float().abs().amax(1))
-    # the column layout (whole channels per thread, groups of heads; a partial last group):
-    # other addition order, the same extremes, bitwise the same run to run
-    cols = RoutingConfig(block_layout="columns", block_rows=4, group_heads=4 if H > 2 else 2,
-                         block_warps=2)
+    # groups of heads that do not divide the heads (a partial last group): the same sums up
+    # to the addition order, the same extremes, bitwise the same run to run
+    cols = RoutingConfig(block_rows=4, group_heads=4 if H > 2 else 2, block_warps=2)
     d = routing.block_sums(q, k, v, minmax=True, config=cols)
     e = routing.block_sums(q, k, v, minmax=True, config=cols)
     for x, y, z in zip((a.qsum, a.ksum, a.vsum), (d.qsum, d.ksum, d.vsum),

@@ -213,10 +213,8 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("summary chunk 64", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),
         ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
-        ("block sums per head", base.with_routing(block_layout="heads")),
         ("block sums 2 warps", base.with_routing(block_warps=2)),
-        ("block sums 8 rows", base.with_routing(block_rows=8)),
-        ("block sums 4 heads per program", base.with_routing(group_heads=4)),
+        ("block sums 4 rows", base.with_routing(block_rows=4)),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]
 
@@ -389,12 +387,11 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     if cfg.sweep:  # the block-sum pass's launch shape (config.RoutingConfig), with extremes
         from workbench.kernels.config import RoutingConfig
 
-        for layout, rows, warps in (("heads", 16, 2), ("heads", 16, 4), ("heads", 32, 2),
-                                    ("columns", 2, 4), ("columns", 8, 4), ("columns", 4, 2)):
-            bp = RoutingConfig(block_layout=layout, block_rows=rows, block_warps=warps)
+        for rows, warps in ((4, 4), (1, 4), (2, 2), (2, 8)):
+            bp = RoutingConfig(block_rows=rows, block_warps=warps)
             ms = time_ms(lambda bp=bp: routing.block_sums(q, k, v, minmax=True, config=bp), dev,
                          cfg.rep_ms)
-            what = f"block sums + V extremes [{layout}, rows {rows}, {warps} warps]"
+            what = f"block sums + V extremes [rows {rows}, {warps} warps]"
             report["routing"].append(dict(what=what, ms=ms,
                                           read_tbs=n_bytes / (ms * 1e-3) / 1e12))
             log(f"  {what}: {ms:.3f} ms")

@@ -135,7 +135,6 @@ SCHEDULES = ("rows", "heavy_first", "warp_specialized")
 WS_GROUPINGS = ("consecutive", "by_length")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
 SUMMARY_KERNELS = ("gluon", "triton")
-BLOCK_LAYOUTS = ("heads", "columns")
 
 
 @dataclass(frozen=True)
@@ -244,42 +243,30 @@ class RoutingConfig:
     """Launch shapes of the routing passes (``routing.block_sums`` and the list pass of
     ``routing.sol_lists`` / ``vsa_lists`` / ``mask_lists``).
 
-    block_layout: the block-sum pass's programs. "heads": one per (head, 64-token block),
-    block_rows x head-dim sub-tiles added elementwise, then one reduction across the program's
-    threads. "columns": one per (block, group of group_heads heads) of one of Q, K and V, its
-    block_rows x (group_heads x head dim) sub-tiles laid out with whole channels in a thread,
-    so the sums and V's extremes need no reduction across threads (sm_90 SASS: no SHFL, 128-bit
-    loads; block_rows 4 keeps it in 173 registers, 8 spills). block_rows / block_warps: the
-    sub-tile rows and warps per program; None = the layout's measured values (heads 16 x 2,
-    columns 4 x 4). Measured on the H200 at the H3 shape (2026-12-01), heads: block sums + V
-    extremes 0.80 ms with 16 / 32 / 64 rows and 4 warps alike, 1.43-1.60 ms with 8 warps; in the
-    whole Sol call at tau 1 (medians of interleaved rounds, scripts/gpu_sparse_ab.py) 2 warps x
-    16 rows 10.65 ms, 2 x 32 10.75, 1 x 16 10.74, 4 x 16 10.98.
+    block_rows / block_warps / group_heads: the block-sum pass's programs, one per (64-token
+    block, group of group_heads heads) of one of Q, K and V, summing block_rows x (group_heads x
+    head dim) sub-tiles laid out with whole channels in a thread, so the sums and V's extremes
+    need no reduction across threads (sm_90 SASS: no SHFL, 128-bit loads). Measured on the H200
+    at the H3 shape (2026-12-01): block sums + V extremes 0.363 ms (3.86 TB/s read) with 2 rows x
+    4 warps x 8 heads, 0.391 with 4 rows, 0.482 with 4 rows x 2 warps, 2.63 with 4 heads; whole
+    Sol calls at tau 1 10.26 / 10.29 ms with 2 / 4 rows (medians of 7 interleaved rounds). A
+    program per head and block, reducing across its threads, took 0.505 ms at its best shape
+    (16 rows x 2 warps; calls 10.54 ms; code at b82b463).
     list_rows: list rows (b, h, i) per program of the list pass (each padded to a power of two
     of key blocks); list_warps per program.
     """
 
-    block_rows: int | None = None
-    block_warps: int | None = None
+    block_rows: int = 2
+    block_warps: int = 4
+    group_heads: int = 8
     list_rows: int = 4
     list_warps: int = 4
-    block_layout: str = "columns"
-    group_heads: int = 8
 
     def __post_init__(self) -> None:
-        if self.block_layout not in BLOCK_LAYOUTS:
-            raise ValueError(f"RoutingConfig.block_layout: {self.block_layout!r}; choose one of "
-                             f"{BLOCK_LAYOUTS}")
-        for name in ("block_rows", "list_rows", "group_heads", "block_warps"):
+        for name in ("block_rows", "block_warps", "group_heads", "list_rows"):
             n = getattr(self, name)
-            if n is not None and (n < 1 or n & (n - 1)):
+            if n < 1 or n & (n - 1):
                 raise ValueError(f"RoutingConfig.{name}: {n} is not a power of two")
-
-    def block_shape(self) -> tuple[int, int]:
-        """(rows per sub-tile, warps per program) of the block-sum pass: the fields, or where
-        None the layout's measured values (heads: 16 rows x 2 warps; columns: 4 x 4)."""
-        rows, warps = {"heads": (16, 2), "columns": (2, 4)}[self.block_layout]
-        return (self.block_rows or rows, self.block_warps or warps)
 
 
 @dataclass(frozen=True)
