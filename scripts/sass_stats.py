@@ -14,7 +14,9 @@ kernel (``attention_fp8_ws``) instead, with ``"sparse": true`` the warp-speciali
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
 ``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
 launch's register cap); ``"summary_only": true`` compiles Sol's summary pass instead of the
-exact-tile launch, and ``"summary": false`` for VSA (no summary route, no merge of its state);
+exact-tile launch (the Gluon kernel ``summary_gluon`` where it runs, else the Triton one;
+``"summary_kernel": "triton"`` forces the latter), and ``"summary": false`` for VSA (no summary
+route, no merge of its state);
 its pointer arguments carry the 16-byte
 divisibility of the real launch. Used to check a kernel change (spills, MUFU / FP32 op counts,
 the main loop's instruction count) before spending GPU time on it.
@@ -142,9 +144,11 @@ def compile_summary_gluon(overrides: dict):
 
 def compile_sm90(overrides: dict):
     """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
-    if overrides.get("summary_only") and \
-            overrides.get("summary_kernel", DEFAULT.sparse.summary_kernel) != "triton":
-        return compile_summary_gluon(overrides)
+    sp_cfg = dataclasses.replace(DEFAULT.sparse, **{k: overrides[k] for k in (
+        "summary_kernel", "summary_chunk", "summary_precision") if k in overrides})
+    if overrides.get("summary_only") and sp_cfg.summary_kernel == "gluon" and \
+            sp_cfg.summary_precision == "bf16" and sp_cfg.summary_chunk in (16, 32):
+        return compile_summary_gluon(overrides)  # what summary_gluon.applies takes
     if overrides.get("schedule") == "warp_specialized":
         if overrides.get("sparse"):
             return compile_ws_lists(overrides)

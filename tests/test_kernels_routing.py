@@ -144,8 +144,8 @@ def test_block_sums_match_torch_and_are_deterministic(S, H, Hkv, D):
     assert torch.equal(v_amax, (v.float() - mu_v[:, None]).abs().amax(1))  # exact given mu
     plain = a.kv_moments(smooth_k=False, smooth_v=False)
     assert not plain[0].any() and torch.equal(plain[2], v.float().abs().amax(1))
-    # groups of heads that do not divide the heads (a partial last group): the same sums up
-    # to the addition order, the same extremes, bitwise the same run to run
+    # groups of 4 heads (with Hkv = 2 one partial K / V group): the same sums up to the
+    # addition order, the same extremes, bitwise the same run to run
     cols = RoutingConfig(block_rows=4, group_heads=4 if H > 2 else 2, block_warps=2)
     d = routing.block_sums(q, k, v, minmax=True, config=cols)
     e = routing.block_sums(q, k, v, minmax=True, config=cols)
@@ -155,6 +155,31 @@ def test_block_sums_match_torch_and_are_deterministic(S, H, Hkv, D):
         assert torch.equal(y, z)
     assert torch.equal(d.vmax, a.vmax) and torch.equal(d.vmin, a.vmin)
     assert torch.equal(d.lens, a.lens)
+
+
+@cpu_only
+def test_block_sums_over_head_groups_and_batches():
+    """Programs over groups of 8 heads: two query-head groups (the second partial), one K/V
+    group, two batch entries, a partial last block; each block's sums, means and extremes are
+    torch's at their place."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 200, 12, 64, generator=g).bfloat16()
+    k = torch.randn(2, 200, 4, 64, generator=g).bfloat16()
+    v = torch.randn(2, 200, 4, 64, generator=g).bfloat16()
+    sums = routing.block_sums(q, k, v, minmax=True, config=RoutingConfig(block_rows=8))
+
+    def blocks(x, op):  # [B, S, H, D] -> [B, H, nb, D] per 64-token block
+        pad = -x.shape[1] % 64
+        xf = x.float().transpose(1, 2)
+        fill = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[op]
+        xf = torch.nn.functional.pad(xf, (0, 0, 0, pad), value=fill).unflatten(2, (-1, 64))
+        return {"sum": xf.sum(3), "max": xf.amax(3), "min": xf.amin(3)}[op]
+
+    torch.testing.assert_close(sums.qsum, blocks(q, "sum"), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(sums.ksum, blocks(k, "sum"), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(sums.vsum, blocks(v, "sum"), rtol=1e-6, atol=1e-5)
+    assert torch.equal(sums.vmax, blocks(v, "max")) and torch.equal(sums.vmin, blocks(v, "min"))
+    assert sums.lens.tolist() == [64.0, 64.0, 64.0, 8.0]
 
 
 CASES = [  # (S, H, Hkv, D, recipe, (text, audio))

@@ -210,7 +210,7 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("gathered loads", base.with_sparse(tma=False)),
         ("summary pass in Triton", base.with_sparse(summary_kernel="triton")),
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
-        ("summary chunk 64", base.with_sparse(summary_chunk=64)),
+        ("summary chunk 64 (the Triton pass takes it)", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),
         ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
         ("block sums 2 warps", base.with_routing(block_warps=2)),

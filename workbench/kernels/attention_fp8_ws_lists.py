@@ -20,10 +20,11 @@ registers 24 / 160 / 160 / 168 (``setmaxnreg``).
 Taken for one KV part (``SparseConfig.kv_splits`` 1), E4M3 operands, head dim 128, TMA boxes
 (``SparseConfig.schedule="warp_specialized"``) and the attention tiling it implements (128 keys
 per tile, flush "fma" after <= 128 terms, two slots: three rings of three slots would need 312 KB
-of shared memory); otherwise the programs kernel runs. Sol's summary route stays its own Triton
-pass (in this kernel, after each consumer's exact tiles, it measured slower: commit 1e33a5d,
-``config.SparseConfig``). Gluon does not run in the interpreter: the CPU tests compile it for
-sm_90a, the GPU tests compare it with the Triton kernel.
+of shared memory); otherwise the programs kernel runs. Sol's summary route stays its own pass
+(``summary_gluon`` or the Triton kernel's; in this kernel, after each consumer's exact tiles, it
+measured slower: commit 1e33a5d, ``config.SparseConfig``). Gluon does not run in the
+interpreter: the CPU tests compile it for sm_90a, the GPU tests compare it with the Triton
+kernel.
 
 Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad]; lists BLOCKS
 [B * H * N_QB, N_KB] (ascending exact key blocks, ``COUNTS`` entries each, at least one); ORDER
@@ -84,7 +85,7 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
     """Tile i of consumer c (its blocks in `pair`); returns the blocks of tile i + 1, whose
     loads are issued first so that they fly while the producer waits for the slot."""
     STAGES: gl.constexpr = ready.shape[0] // 3
-    lst, cnt, n_all, n_full = lists[c]
+    lst, cnt, n_all, n_full, _ = lists[c]
     nxt = _pair(lst, cnt, n_all, i + 1)
     if i < n_all:
         j0, j1 = pair
@@ -111,9 +112,9 @@ def _query_block(c: gl.constexpr, args):
 
 @gluon.jit
 def _row_list(c: gl.constexpr, args, WRITE_LSE: gl.constexpr):
-    """(list pointer, entries, tiles, unmasked tiles) of consumer c's query block (no tiles past
-    the last block; none for a block of rows < row_start, the dense-prefix rows the caller
-    overwrites, unless their LSE is written)."""
+    """(list pointer, entries, tiles, unmasked tiles, whether it runs) of consumer c's query
+    block: it does not run past the last block, nor for a block of rows < row_start (the
+    dense-prefix rows the caller overwrites) unless their LSE is written; no tiles then."""
     (S, bh, pid_q0, BLOCKS, COUNTS, N_QB, N_KB, row_start) = (
         args[15], args[18], args[36], args[28], args[29], args[30], args[31], args[27])
     qb = _query_block(c, args)
@@ -124,7 +125,7 @@ def _row_list(c: gl.constexpr, args, WRITE_LSE: gl.constexpr):
         runs = runs & ((qb + 1) * 64 > row_start)
     cnt = gl.where(runs, gl.load(COUNTS + row), 0)
     n_full, n_all = _list_shape(lst, cnt, S)
-    return lst, cnt, n_all, n_full
+    return lst, cnt, n_all, n_full, runs
 
 
 @gluon.jit
@@ -157,6 +158,9 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
                       vbase)
         p2 = _produce(2, i, p2, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
                       vbase)
+    # the Q boxes have landed before the CTA ends, also when no consumer ran (three blocks of
+    # dense-prefix rows) and so none waited for them
+    mbarrier.wait(q_bar, 0)
 
 
 @gluon.jit
@@ -228,8 +232,8 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, HEAD_D, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
-    lst, cnt, n_all, n_full = _row_list(c, args, WRITE_LSE)
-    if cnt > 0:  # lists hold at least one block: 0 = no query block (past the end, prefix)
+    lst, cnt, n_all, n_full, runs = _row_list(c, args, WRITE_LSE)
+    if runs:
         qb = _query_block(c, args)
         qs = gl.load(SQ + bh * n_scale + qb) * qk_scale_log2
         m_i = gl.full([64], float("-inf"), gl.float32, rows)

@@ -169,8 +169,8 @@ class SparseConfig:
     Q K^T and P @ V from shared memory (True), or gathered pointer loads (False). With BF16
     summary operands kc and vc / s_v are rounded to BF16 once on the host (the values the kernel
     rounded to before).
-    maxnreg: the register cap of the exact-tile launch (None: none); the separate summary pass
-    runs uncapped.
+    maxnreg: the register cap of the exact-tile launch (None: none); the summary pass takes its
+    kernel's own (Gluon: 128; Triton: none).
     summary_kernel: the summary pass as a Gluon kernel ("gluon": Q's BF16 codes and the kc /
     vc chunks in shared memory, products added into the accumulator: 125 registers, four
     programs per SM; ``summary_gluon``; compiled, E4M3 operands, head dim 128, BF16 summary
@@ -250,8 +250,8 @@ class RoutingConfig:
     at the H3 shape (2026-12-01): block sums + V extremes 0.363 ms (3.86 TB/s read) with 2 rows x
     4 warps x 8 heads, 0.391 with 4 rows, 0.482 with 4 rows x 2 warps, 2.63 with 4 heads; whole
     Sol calls at tau 1 10.26 / 10.29 ms with 2 / 4 rows (medians of 7 interleaved rounds). A
-    program per head and block, reducing across its threads, took 0.505 ms at its best shape
-    (16 rows x 2 warps; calls 10.54 ms; code at b82b463).
+    program per head and block, reducing across its threads, took 0.478-0.505 ms at its best
+    shapes (32 / 16 rows x 2 warps, two runs; calls 10.54 ms; code at b82b463).
     list_rows: list rows (b, h, i) per program of the list pass (each padded to a power of two
     of key blocks); list_warps per program.
     """

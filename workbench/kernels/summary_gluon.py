@@ -134,6 +134,7 @@ def _summary_kernel(Q8, SQ, BLOCKS, COUNTS, KC, VCS, LENS, SUM_O, SUM_ML,
         acc = warpgroup_mma(w16, bufs.index(2 + k % 2), acc * alpha[:, None], is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         m_i = m_cand
+    async_copy.wait_group(0)  # chunk 0's copies when the list has no summary block (no loop)
 
     srow = (bh * S_pad + pid_m * 64 + gl.arange(0, 64, layout=rows)).to(gl.int64)
     d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma))
