@@ -305,3 +305,15 @@ def test_dit_bench_smoke_run_on_the_cpu():
     assert len(rows[2]["taus"]) == 2 and rows[3]["taus"] == [-math.inf, -math.inf]
     assert abs(rows[2]["density"] - 0.6) <= 0.05 and rows[3]["density"] == 1.0
     assert "target 0.60" not in dit.markdown(report)  # skipped rows show the reason instead
+
+
+def test_sol_attn_triton_fallback_is_named():
+    """A run whose NVIDIA rows time the package's Triton reference says so, with the reason;
+    the CuTe backends need no note."""
+    assert sparse.sol_attn_backend_note("cute_sm90") == ""
+    note = sparse.sol_attn_backend_note("triton")
+    assert "Triton reference" in note and "'triton'" in note
+    try:
+        import cutlass.cute  # noqa: F401
+    except Exception:  # noqa: BLE001 - the CPU image has no CuTe DSL: the reason is named
+        assert "CuTe DSL runtime does not import" in note

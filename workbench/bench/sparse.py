@@ -174,6 +174,22 @@ def sol_attn_backend() -> str:
         return "?"
 
 
+def sol_attn_backend_note(backend: str) -> str:
+    """'' when NVIDIA's package runs a CuTe kernel; else a line saying that its rows time its
+    Triton reference and why the CuTe runtime did not load (rows a reader would otherwise take
+    for NVIDIA's kernel)."""
+    if backend.startswith("cute"):
+        return ""
+    try:
+        import cutlass.cute  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any failure: the reason is what the line reports
+        why = f"the CuTe DSL runtime does not import ({type(exc).__name__}: {str(exc)[:100]})"
+    else:
+        why = "no CuTe kernel for this GPU"
+    return (f"its rows time backend {backend!r}, NVIDIA's Triton reference, not its CuTe kernel: "
+            f"{why}")
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -462,6 +478,10 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     else:
         backend = sol_attn_backend()
         report["peer_backend"] = backend
+        note = sol_attn_backend_note(backend)
+        if note:
+            report["peer"] = note
+            log(f"  NVIDIA sol_attn: {note}")
         for sol, dens, _, _ in plan:
             record(f"NVIDIA sol_attn [{backend}] {cfg.threshold} BF16", lambda sol=sol: sol_attn(
                 q, k, v, tau=sol.sol_tau, thresh_type=cfg.threshold, sink_start=0,
