@@ -39,9 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .attention_fp8_ws import _row_bias
+from .attention_fp8_ws import LOG2E, _row_bias
 
-LOG2E = 1.4426950408889634
 MAXNREG = 128  # four 128-thread programs per SM
 
 
