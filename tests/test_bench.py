@@ -57,6 +57,29 @@ def test_markdown_ratio_is_against_the_fastest_bf16_peer_and_explains_accuracy()
     assert "commit abc1234" in md
 
 
+def test_markdown_shows_clock_and_power_samples_when_the_rows_have_them():
+    rows = [dict(r) for r in REPORT["rows"]]
+    rows[1].update(sm_mhz=1755.0, power_w=688.4)  # fa3_bf16 full
+    md = tables.markdown({**REPORT, "rows": rows})
+    assert "| SM MHz / board W |" in md and "700 W on an H200" in md
+    fa3 = next(ln for ln in md.splitlines() if ln.startswith("| fa3_bf16 | full"))
+    assert "| 1755 / 688 |" in fa3
+    # a row without samples keeps an empty cell, so the columns still line up
+    cudnn = next(ln for ln in md.splitlines() if ln.startswith("| sdpa_cudnn"))
+    assert cudnn.count("|") == fa3.count("|") and "|  /  |" in cudnn
+    assert "SM MHz" not in tables.markdown(REPORT)  # reports without samples: no column
+
+
+def test_board_sampler_reads_nothing_without_the_tool_and_parses_samples():
+    from workbench.bench.harness import BoardSampler
+
+    b = BoardSampler()
+    b.text = "345, 81.76\n1980, 120.0\n1800, 690.5\n1795, 689.0\n1805, 691.0\n[N/A], [N/A]\n18"
+    assert b.result() == {"sm_mhz": 1800.0, "power_w": 690.5}  # first two dropped, bad lines too
+    b.text = ""
+    assert b.result() == {}
+
+
 def test_markdown_without_bf16_peer_and_older_reports():
     old = {"env": {}, "rows": [dict(r) for r in REPORT["rows"] if r["variant"] != "fa3_bf16"]}
     for r in old["rows"]:

@@ -18,7 +18,7 @@ import torch
 
 from workbench.kernels.config import DEFAULT, KernelConfig
 
-from .harness import Rotating, median_ms, peak_extra_gib
+from .harness import BoardSampler, Rotating, median_ms, peak_extra_gib
 from .inputs import make_inputs, sink_inputs  # noqa: F401 - re-exported for scripts
 from .peers import DEFAULT_PEERS, PeerUnavailable, build_peer
 
@@ -59,15 +59,18 @@ def side_by_side(B, S, H, D, *, n_sets=2, recipes=RECIPES, peers=DEFAULT_PEERS, 
 
     def record(variant, mode, fn_rot, acc, precision, extra=None):
         rot = Rotating(sets)
-        ms = median_ms(lambda: fn_rot(*rot.next()), rep_ms=rep_ms)
+        with BoardSampler() as board:
+            ms = median_ms(lambda: fn_rot(*rot.next()), rep_ms=rep_ms)
         mem = peak_extra_gib(lambda: fn_rot(*sets[0]))
         rel, cos = acc if acc is not None else (float("nan"),) * 2
         row = dict(shape=shape, S=S, variant=variant, mode=mode, precision=precision, ms=ms,
-                   tflops=flops / (ms * 1e-3) / 1e12, peak_gib=mem, rel_l2=rel, cosine=cos)
+                   tflops=flops / (ms * 1e-3) / 1e12, peak_gib=mem, rel_l2=rel, cosine=cos,
+                   **board.result())
         row.update(extra or {})
         results.append(row)
+        clock = (f"  {row['sm_mhz']:.0f} MHz {row['power_w']:.0f} W" if "sm_mhz" in row else "")
         log(f"  {variant:34s} {mode:6s} {ms:9.3f} ms {row['tflops']:7.1f} TFLOP/s "
-            f"peak+{mem:6.2f} GiB  relL2 {rel:.3e}  cos {cos:.6f}")
+            f"peak+{mem:6.2f} GiB  relL2 {rel:.3e}  cos {cos:.6f}{clock}")
         return row
 
     for name in peers:

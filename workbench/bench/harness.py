@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import datetime
 import platform
+import shutil
+import statistics
+import subprocess
 
 import torch
 
@@ -25,6 +28,49 @@ class Rotating:
         s = self.sets[self.i % len(self.sets)]
         self.i += 1
         return s
+
+
+class BoardSampler:
+    """SM clock (MHz) and board power (W) of GPU 0 sampled every `period_ms` by ``nvidia-smi``
+    while the ``with`` block runs; ``result()`` -> {"sm_mhz", "power_w"} medians, or {} where
+    nvidia-smi is absent or gave nothing. Why: an H200 running a dense FP8 attention kernel sits
+    at its 700 W board limit with the SM clock below its maximum (1800 vs 1980 MHz measured
+    2026-12-01), so a row's time depends on the power it draws, which these columns show."""
+
+    def __init__(self, period_ms: int = 100):
+        self.period_ms = period_ms
+        self.proc = None
+        self.text = ""
+
+    def __enter__(self):
+        tool = shutil.which("nvidia-smi")
+        if tool:
+            self.proc = subprocess.Popen(
+                [tool, "--id=0", "--query-gpu=clocks.sm,power.draw",
+                 "--format=csv,noheader,nounits", f"-lms={self.period_ms}"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.text = self.proc.communicate(timeout=10)[0]
+        return False
+
+    def result(self) -> dict:
+        rows = []
+        for line in self.text.splitlines():
+            try:
+                mhz, watts = (float(x) for x in line.split(","))
+            except ValueError:  # "[N/A]" or a partial last line
+                continue
+            rows.append((mhz, watts))
+        # the first samples can predate the work (the tool starts while the GPU idles)
+        rows = rows[2:] if len(rows) > 4 else rows
+        if not rows:
+            return {}
+        return {"sm_mhz": statistics.median(r[0] for r in rows),
+                "power_w": statistics.median(r[1] for r in rows)}
 
 
 def median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float:

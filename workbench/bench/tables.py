@@ -23,6 +23,11 @@ ACCURACY_NOTE = (
     "(fp32+fp32: flushed to FP32, K smoothed) and ours (every FP8 chain flushed to FP32 after "
     "<= 128 terms, K/V smoothing) stay near the BF16 floor."
 )
+BOARD_NOTE = (
+    "SM MHz / board W: medians of nvidia-smi samples (every 100 ms) while the row was timed; a row "
+    "near the board's power limit (700 W on an H200) runs below the maximum SM clock, so its time "
+    "is set by the energy it spends as much as by its instruction schedule."
+)
 
 
 def _precision(row: dict) -> str:
@@ -66,22 +71,26 @@ def markdown(report: dict, *, rows: int = 64) -> str:
         rs = [r for r in report["rows"] if r["shape"] == shape]
         base = fastest_bf16(rs)
         bname = base["variant"] if base else "none"
+        board = any("sm_mhz" in r for r in rs)  # older reports have no clock / power samples
         lines += ["", f"Shape {shape}, bf16 inputs with per-channel K/V bias, non-causal:", "",
                   f"| variant | mode | ms | TFLOP/s | x {bname} | peak extra GiB | rel-L2 vs f64 "
-                  "| torch emu rel-L2 | note |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| torch emu rel-L2 |" + (" SM MHz / board W |" if board else "") + " note |",
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if board else "") + "---|"]
         for r in (r for r in rs if r["mode"] in TIMED):
             ratio = f"{base['ms'] / r['ms']:.2f}" if base else ""
+            clock = (f" {_fmt(r.get('sm_mhz'), '.0f')} / {_fmt(r.get('power_w'), '.0f')} |"
+                     if board else "")
             lines.append(
                 f"| {r['variant']} | {r['mode']} | {r['ms']:.3f} | {_fmt(r['tflops'], '.0f')} | "
                 f"{ratio} | {r['peak_gib']:.2f} | {_fmt(r['rel_l2'], '.3e')} | "
-                f"{_fmt(r.get('emu_rel_l2'), '.3e')} | {r.get('note', '')} |")
+                f"{_fmt(r.get('emu_rel_l2'), '.3e')} |{clock} {r.get('note', '')} |")
         parts = [f"{r['variant']} {r['mode']} {r['ms']:.3f} ms"
                  + (f" ({r['read_tbs']:.2f} TB/s read)" if "read_tbs" in r else "")
                  for r in rs if r["mode"] not in TIMED]
         ref = (f"x = time of {bname} ({base['ms']:.2f} ms, the fastest BF16 peer in this run) / "
                "time of the row." if base else "No BF16 peer ran: no ratio.")
-        lines += ["", ref + " " + ACCURACY_NOTE.format(rows=rows)]
+        lines += ["", ref + " " + ACCURACY_NOTE.format(rows=rows)
+                  + (" " + BOARD_NOTE if board else "")]
         if parts:
             lines += ["", "Passes of the full call (prep = statistics + quantization): "
                       + "; ".join(parts) + "."]
