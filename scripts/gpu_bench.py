@@ -46,7 +46,8 @@ FIXED_S = 25  # imports, ceilings, inputs and float64 references
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     bench_cli.add_arguments(p)
-    p.set_defaults(shapes=SHAPES, recipes=RECIPES, rep_ms=200)
+    # no clock / power samples by default: 2 s per row would push the plan past six minutes
+    p.set_defaults(shapes=SHAPES, recipes=RECIPES, rep_ms=200, board_s=0.0)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_bench_out"),
                    help="output folder (default $OUT)")
     p.add_argument("--test-timeout", type=int, default=200, help="seconds for the GPU tests")
@@ -64,7 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def estimate_seconds(shapes, recipes, peers, rep_ms: int, test_timeout: int | None) -> dict:
+def estimate_seconds(shapes, recipes, peers, rep_ms: int, test_timeout: int | None,
+                     board_s: float = 0.0) -> dict:
     """Rough wall time: each timed row costs do_bench's 5 estimate calls, its warm-up (100 ms) and
     repetitions (rep_ms), at least one call each, plus a call for the output and one for peak
     memory; a call takes the dense FLOPs at ~700 TFLOP/s."""
@@ -74,7 +76,7 @@ def estimate_seconds(shapes, recipes, peers, rep_ms: int, test_timeout: int | No
         B, S, H, D = bench_cli.parse_shape(s)
         call_ms = 4.0 * B * S * S * H * D / 700e12 * 1e3
         calls = 5 + max(1, 100 / call_ms) + max(1, rep_ms / call_ms) + 2
-        bench += rows_per_shape * calls * call_ms / 1e3
+        bench += rows_per_shape * (calls * call_ms / 1e3 + board_s)
     tests = test_timeout or 0
     return {"bench_s": round(bench), "tests_max_s": tests, "total_max_s": round(bench + tests)}
 
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     log = Log(os.path.join(args.out, "gpu_bench.log"))
     est = estimate_seconds(args.shapes, args.recipes, args.peers, args.rep_ms,
-                           None if args.skip_tests else args.test_timeout)
+                           None if args.skip_tests else args.test_timeout, args.board_s)
     log(f"plan: shapes {args.shapes}; recipes {args.recipes}; peers {args.peers}; rep_ms "
         f"{args.rep_ms}, rows {args.rows}, sets {args.sets}; estimate {json.dumps(est)}")
     if args.dry_run:
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
     tests = "skipped" if args.skip_tests else run_tests(args.out, args.test_timeout, log)
     report = bench_cli.run(args.shapes, recipes=args.recipes, peers=args.peers, rows=args.rows,
                            sets=args.sets, rep_ms=args.rep_ms, emulate=not args.no_emulate,
-                           ceilings=not args.no_ceilings, log=log)
+                           ceilings=not args.no_ceilings, board_s=args.board_s, log=log)
     report["tests"] = tests
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -133,10 +133,16 @@ def test_gpu_bench_plan_fits_six_minutes_and_refuses_bad_options(tmp_path):
     assert est["total_max_s"] <= 380, est
     assert gpu_bench.estimate_seconds(gpu_bench.SHAPES[:1], gpu_bench.RECIPES, [], 200,
                                       None)["bench_s"] < est["bench_s"]
+    # clock / power sampling: board_s more per timed row (4 shapes x 23 rows here)
+    with_board = gpu_bench.estimate_seconds(gpu_bench.SHAPES, gpu_bench.RECIPES,
+                                            ["sdpa_cudnn", "fa3_bf16", "fa3_fp8", "cudnn_fp8",
+                                             "sage2_sm90"], 200, 200, board_s=2.0)
+    assert with_board["bench_s"] - est["bench_s"] == 4 * 23 * 2
     assert gpu_bench.gpu_test_files() == ["tests/test_kernels_gpu.py",
                                           "tests/test_kernels_ws_gpu.py"]
     for bad, msg in ((["--shapes", "1,8192,56"], "--shapes"), (["--peers", "fa4"], "--peers"),
-                     (["--recipes", "fp8_nope"], "unknown preset"), (["--rep-ms", "0"], "rep-ms")):
+                     (["--recipes", "fp8_nope"], "unknown preset"), (["--rep-ms", "0"], "rep-ms"),
+                     (["--board-s", "-1"], "--board-s")):
         p = script("scripts/gpu_bench.py", "--dry-run", "--out", str(tmp_path), *bad)
         assert p.returncode == 2 and msg in p.stderr, (bad, p.stderr)
 

@@ -18,7 +18,7 @@ import torch
 
 from workbench.kernels.config import DEFAULT, KernelConfig
 
-from .harness import BoardSampler, Rotating, median_ms, peak_extra_gib
+from .harness import Rotating, board_under_load, median_ms, peak_extra_gib
 from .inputs import make_inputs, sink_inputs  # noqa: F401 - re-exported for scripts
 from .peers import DEFAULT_PEERS, PeerUnavailable, build_peer
 
@@ -34,10 +34,12 @@ def _accuracy(out_rows: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
 def side_by_side(B, S, H, D, *, n_sets=2, recipes=RECIPES, peers=DEFAULT_PEERS, rows=64,
                  emulate=True, rep_ms=500, config: KernelConfig = DEFAULT, skipped=None,
-                 log=print) -> list[dict]:
+                 board_s: float = 2.0, log=print) -> list[dict]:
     """Time and check every peer and recipe at one shape. Returns one dict per (variant, mode).
 
-    skipped: a dict that receives {peer: reason} for peers that could not run."""
+    skipped: a dict that receives {peer: reason} for peers that could not run. board_s: seconds
+    of back-to-back calls per row under ``harness.board_under_load`` (SM clock and board power;
+    0 skips it)."""
     from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.dispatch import fp8_recipe_attention, get_recipe
@@ -59,13 +61,13 @@ def side_by_side(B, S, H, D, *, n_sets=2, recipes=RECIPES, peers=DEFAULT_PEERS, 
 
     def record(variant, mode, fn_rot, acc, precision, extra=None):
         rot = Rotating(sets)
-        with BoardSampler() as board:
-            ms = median_ms(lambda: fn_rot(*rot.next()), rep_ms=rep_ms)
+        ms = median_ms(lambda: fn_rot(*rot.next()), rep_ms=rep_ms)
+        board = board_under_load(lambda: fn_rot(*rot.next()), board_s) if board_s > 0 else {}
         mem = peak_extra_gib(lambda: fn_rot(*sets[0]))
         rel, cos = acc if acc is not None else (float("nan"),) * 2
         row = dict(shape=shape, S=S, variant=variant, mode=mode, precision=precision, ms=ms,
                    tflops=flops / (ms * 1e-3) / 1e12, peak_gib=mem, rel_l2=rel, cosine=cos,
-                   **board.result())
+                   **board)
         row.update(extra or {})
         results.append(row)
         clock = (f"  {row['sm_mhz']:.0f} MHz {row['power_w']:.0f} W" if "sm_mhz" in row else "")

@@ -54,6 +54,9 @@ def add_arguments(p) -> None:
     p.add_argument("--rep-ms", type=int, default=500, help="do_bench repetition budget per row")
     p.add_argument("--no-emulate", action="store_true", help="skip the torch-emulation accuracy")
     p.add_argument("--no-ceilings", action="store_true", help="skip copy/matmul ceilings")
+    p.add_argument("--board-s", type=float, default=2.0,
+                   help="seconds of back-to-back calls per row while SM clock and board power "
+                        "are sampled (nvidia-smi; 0: not sampled)")
     p.add_argument("--json", default=None, help="write all rows and the environment here")
     p.add_argument("--markdown", default=None, help="append the markdown tables to this file")
 
@@ -82,6 +85,9 @@ def check_args(args) -> None:
     for name in ("rows", "sets", "rep_ms"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
+    board_s = getattr(args, "board_s", 0.0)
+    if not 0 <= board_s <= 60:
+        raise ValueError(f"--board-s: {board_s} (seconds per row, 0 to 60)")
 
 
 def git_commit() -> str | None:
@@ -99,7 +105,7 @@ def git_commit() -> str | None:
 
 
 def run(shapes, *, recipes=None, peers=DEFAULT_PEERS, rows=64, sets=2, rep_ms=500,
-        emulate=True, ceilings=True, log=print) -> dict:
+        emulate=True, ceilings=True, board_s=2.0, log=print) -> dict:
     import torch
 
     from .attention import RECIPES, side_by_side
@@ -124,7 +130,7 @@ def run(shapes, *, recipes=None, peers=DEFAULT_PEERS, rows=64, sets=2, rep_ms=50
         log(f"shape ({B}, {S}, {H}, {D})")
         report["rows"] += side_by_side(B, S, H, D, n_sets=sets, recipes=recipes or RECIPES,
                                        peers=peers, rows=rows, emulate=emulate, rep_ms=rep_ms,
-                                       skipped=report["skipped"], log=log)
+                                       skipped=report["skipped"], board_s=board_s, log=log)
         torch.cuda.empty_cache()
     return report
 
@@ -133,7 +139,7 @@ def main(args) -> int:
     check_args(args)
     report = run(args.shapes, recipes=args.recipes, peers=args.peers, rows=args.rows,
                  sets=args.sets, rep_ms=args.rep_ms, emulate=not args.no_emulate,
-                 ceilings=not args.no_ceilings)
+                 ceilings=not args.no_ceilings, board_s=args.board_s)
     md = markdown(report, rows=args.rows)
     print(md)
     if args.json:

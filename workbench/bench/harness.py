@@ -32,21 +32,33 @@ class Rotating:
 
 class BoardSampler:
     """SM clock (MHz) and board power (W) of GPU 0 sampled every `period_ms` by ``nvidia-smi``
-    while the ``with`` block runs; ``result()`` -> {"sm_mhz", "power_w"} medians, or {} where
-    nvidia-smi is absent or gave nothing. Why: an H200 running a dense FP8 attention kernel sits
-    at its 700 W board limit with the SM clock below its maximum (1800 vs 1980 MHz measured
-    2026-12-01), so a row's time depends on the power it draws, which these columns show."""
+    while the ``with`` block runs; ``result()`` -> {"sm_mhz", "power_w"} medians of the samples
+    after the first `skip` (the tool starts while the GPU may still idle), or {} where
+    nvidia-smi is absent or gave nothing. The instantaneous power field where the driver has it
+    (the plain one is a one-second average, which smears idle time into short runs)."""
 
-    def __init__(self, period_ms: int = 100):
+    def __init__(self, period_ms: int = 100, skip: int = 5):
         self.period_ms = period_ms
+        self.skip = skip
         self.proc = None
         self.text = ""
+
+    @staticmethod
+    def _power_field(tool: str) -> str:
+        try:
+            p = subprocess.run([tool, "--id=0", "--query-gpu=power.draw.instant",
+                                "--format=csv,noheader,nounits"], capture_output=True,
+                               text=True, timeout=10)
+            return "power.draw.instant" if p.returncode == 0 and "N/A" not in p.stdout \
+                else "power.draw"
+        except (OSError, subprocess.SubprocessError):
+            return "power.draw"
 
     def __enter__(self):
         tool = shutil.which("nvidia-smi")
         if tool:
             self.proc = subprocess.Popen(
-                [tool, "--id=0", "--query-gpu=clocks.sm,power.draw",
+                [tool, "--id=0", f"--query-gpu=clocks.sm,{self._power_field(tool)}",
                  "--format=csv,noheader,nounits", f"-lms={self.period_ms}"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         return self
@@ -65,12 +77,26 @@ class BoardSampler:
             except ValueError:  # "[N/A]" or a partial last line
                 continue
             rows.append((mhz, watts))
-        # the first samples can predate the work (the tool starts while the GPU idles)
-        rows = rows[2:] if len(rows) > 4 else rows
+        rows = rows[self.skip:] if len(rows) > 2 * self.skip else rows[len(rows) // 2:]
         if not rows:
             return {}
         return {"sm_mhz": statistics.median(r[0] for r in rows),
                 "power_w": statistics.median(r[1] for r in rows)}
+
+
+def board_under_load(fn, seconds: float = 2.0) -> dict:
+    """{"sm_mhz", "power_w"} while fn runs back to back for `seconds` (``BoardSampler``), or {}
+    without nvidia-smi. Why: an H200 running a dense FP8 attention kernel sits at its 700 W
+    board limit with the SM clock below its maximum (1800 vs 1980 MHz, measured 2026-12-01), so
+    a row's time depends on the power it draws, which this shows beside it."""
+    import time
+
+    with BoardSampler() as board:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            fn()
+            torch.cuda.synchronize()
+    return board.result()
 
 
 def median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float:
