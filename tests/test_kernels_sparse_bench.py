@@ -76,6 +76,21 @@ def test_sparse_table_has_the_ratios_and_the_skip_reasons():
     assert "| block sums of Q, K, V | 0.500 |  | 1.25 |  | 2.80 |" in md  # no graph time
 
 
+def test_sparse_table_shows_clock_and_power_where_sampled():
+    report = sparse_report()
+    assert "SM MHz" not in sparse.markdown(report)
+    report["rows"][2].update(sm_mhz=1830.0, power_w=655.2)
+    md = sparse.markdown(report)
+    sol = next(ln for ln in md.splitlines() if ln.startswith("| ours FP8 Sol"))
+    nv = next(ln for ln in md.splitlines() if ln.startswith("| NVIDIA"))
+    assert "| 1830 / 655 |" in sol and "|  /  |" in nv and sol.count("|") == nv.count("|")
+    assert "700 W on an H200" in md
+    assert sparse.config_from_args(sparse.parse_args(["--board-s", "0"])).board_s == 0.0
+    assert sparse.config_from_args(sparse.parse_args([])).board_s == 1.0
+    with pytest.raises(SystemExit):
+        sparse.parse_args(["--board-s", "-2"])
+
+
 def test_sparse_table_lists_the_anchor_profile():
     """The profile table: the ten longest kernels, then the calls' span (always last)."""
     report = sparse_report()

@@ -79,6 +79,7 @@ class SparseBenchConfig:
     sol_recipe: str = SOL_RECIPE  # the base of the Sol and VSA rows (tau / keep set per density)
     dense_recipe: str = DENSE_RECIPE
     device: str = "cuda"  # "cpu": a smoke run of the plumbing (routing in Triton's interpreter)
+    board_s: float = 1.0  # per row: seconds of back-to-back calls under harness.board_under_load
 
 
 def vsa_keep_for_density(density: float, n_tiles: int, n_prefix: int) -> float:
@@ -353,6 +354,10 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             row["rel_l2"] = _rel_l2(out[:, idx], ref)
             del out
             row["ms"] = time_ms(fn, dev, cfg.rep_ms)
+            if dev == "cuda" and cfg.board_s > 0:
+                from .harness import board_under_load
+
+                row.update(board_under_load(fn, cfg.board_s))
         except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the table
             row["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             log(f"  {variant}: skipped ({row['skipped']})")
@@ -582,9 +587,11 @@ def markdown(report: dict) -> str:
     rows = report["rows"]
     base = next((r.get("ms") for r in rows if r["variant"] == "sdpa_cudnn_bf16"), None)
     peer = {r["tau"]: r.get("ms") for r in rows if r["variant"].startswith("NVIDIA")}
+    board = any("sm_mhz" in r for r in rows)  # clock / power samples (older reports: none)
     lines += ["| variant | tau | exact density | ms | ns / exact block | x SDPA cuDNN "
-              "| x NVIDIA Sol | rel-L2 vs f64 | emu rel-L2 | note |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| x NVIDIA Sol | rel-L2 vs f64 | emu rel-L2 |" + (" SM MHz / board W |" if board
+                                                               else "") + " note |",
+              "|---|---|---|---|---|---|---|---|---|" + ("---|" if board else "") + "---|"]
     for r in rows:
         ms = r.get("ms")
         x_sdpa = _fmt(base / ms, ".2f") if base and ms else ""
@@ -595,7 +602,13 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {r['variant']} | {_fmt(r['tau'], '.4g')} | {r['density']:.4f} | {_fmt(ms, '.3f')} "
             f"| {_fmt(r.get('ns_per_exact_pair'), '.2f')} | {x_sdpa} | {x_peer} "
-            f"| {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} | {note} |")
+            f"| {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} |"
+            + (f" {_fmt(r.get('sm_mhz'), '.0f')} / {_fmt(r.get('power_w'), '.0f')} |" if board
+               else "") + f" {note} |")
+    if board:
+        from .tables import BOARD_NOTE
+
+        lines += ["", BOARD_NOTE]
     if report.get("peer"):
         lines += ["", f"NVIDIA sol_attn: {report['peer']}"]
     if report.get("vsa_peer"):
@@ -643,6 +656,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-bf16", action="store_true", help="skip the BF16 Sol rows")
     p.add_argument("--taus", type=float, nargs="*", default=[1.0],
                    help="Sol rows (and NVIDIA's) at these taus too")
+    p.add_argument("--board-s", type=float, default=1.0,
+                   help="seconds of back-to-back calls per row while SM clock and board power "
+                        "are sampled (nvidia-smi; 0: not sampled)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run of the plumbing (set TRITON_INTERPRET=1)")
     p.add_argument("--json", default=None)
@@ -658,6 +674,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--heads and --rows must be >= 1")
     if args.sweep_rounds < 1:
         raise ValueError(f"--sweep-rounds: {args.sweep_rounds} < 1")
+    if not 0 <= args.board_s <= 60:
+        raise ValueError(f"--board-s: {args.board_s} (seconds per row, 0 to 60)")
 
 
 def parse_checked(argv, prog: str, description: str, add, check) -> argparse.Namespace:
@@ -687,7 +705,7 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
                              budget_s=args.budget_s, device=args.device,
                              sweep=not args.no_sweep, sweep_rounds=args.sweep_rounds,
                              stages=not args.no_stages,
-                             bf16=not args.no_bf16,
+                             bf16=not args.no_bf16, board_s=args.board_s,
                              anchor_taus=tuple(args.taus))
 
 
