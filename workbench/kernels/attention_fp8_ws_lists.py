@@ -165,41 +165,43 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
 
 @gluon.jit
 def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
-                 c: gl.constexpr, args, mma64: gl.constexpr, mma: gl.constexpr,
-                 P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr):
+                 c: gl.constexpr, args, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
+                 PERM_P: gl.constexpr):
     """One tile of two 64-key blocks (``attention_fp8._list_tile_halves``, op for op);
-    blocks = (j0, j1, their K scales s0, s1), loaded a tile ahead by the caller."""
+    blocks = (j0, j1, their K scales s0, s1), loaded a tile ahead by the caller. The slot's two
+    K boxes lie one after the other in shared memory, so Q K^T is one 128-key product (the same
+    values as two 64-key ones: each score is its own dot product); the per-half maxima and row
+    sums keep the Triton kernel's order."""
     k_smem, v_smem, ready, empty, S = args[4], args[5], args[7], args[8], args[15]
     j0, j1, s0, s1 = blocks
     STAGES: gl.constexpr = ready.shape[0] // 3
     HEAD_D: gl.constexpr = k_smem.shape[2]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    rows64: gl.constexpr = gl.SliceLayout(1, mma64)
-    rows: gl.constexpr = gl.SliceLayout(1, mma)
     slot = c * STAGES + i % STAGES
     e = 2 * i
+    k_pairs = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] // 2, 128, HEAD_D],
+                                  k_smem.layout)
     mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-    z = gl.zeros([64, 64], gl.float32, mma64)
-    raw0 = warpgroup_mma(q, k_smem.index(2 * slot).permute((1, 0)), z, use_acc=False,
-                         is_async=True)
-    raw1 = warpgroup_mma(q, k_smem.index(2 * slot + 1).permute((1, 0)), z, use_acc=False,
-                         is_async=True)
-    raw0, raw1 = warpgroup_mma_wait(0, deps=(raw0, raw1))
+    z = gl.zeros([64, 128], gl.float32, mma)
+    raw = warpgroup_mma(q, k_pairs.index(slot).permute((1, 0)), z, use_acc=False,
+                        is_async=True)
+    raw = warpgroup_mma_wait(0, deps=(raw,))
+    offs = gl.arange(0, 128, layout=gl.SliceLayout(0, mma))
+    half0 = (offs < 64)[None, :]
     if MASK_KEYS:
-        offs = gl.arange(0, 64, layout=gl.SliceLayout(0, mma64))
-        raw0 = gl.where((j0 * 64 + offs < S)[None, :], raw0, float("-inf"))
-        ok1 = (j1 * 64 + offs < S) & (e + 1 < cnt)
-        raw1 = gl.where(ok1[None, :], raw1, float("-inf"))
-    mx = gl.maximum(gl.max(raw0, axis=1) * s0, gl.max(raw1, axis=1) * s1)
-    m_cand = gl.maximum(m_i, gl.convert_layout(mx, rows, assert_trivial=True))
+        ok = gl.where(offs < 64, j0 * 64 + offs < S, (j1 * 64 + offs - 64 < S) & (e + 1 < cnt))
+        raw = gl.where(ok[None, :], raw, float("-inf"))
+    mx0 = gl.max(gl.where(half0, raw, float("-inf")), axis=1)
+    mx1 = gl.max(gl.where(half0, float("-inf"), raw), axis=1)
+    m_cand = gl.maximum(m_i, gl.maximum(mx0 * s0, mx1 * s1))
     mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-    mq64 = gl.convert_layout(mq, rows64, assert_trivial=True)
-    p0 = gl.exp2(gl.fma(raw0, qs * s0, -gl.broadcast(mq64[:, None], raw0)[0]))
-    p1 = gl.exp2(gl.fma(raw1, qs * s1, -gl.broadcast(mq64[:, None], raw1)[0]))
-    ls = gl.sum(p0, axis=1) + gl.sum(p1, axis=1)
-    l_i = l_i * alpha + gl.convert_layout(ls, rows, assert_trivial=True)
-    p0 = _p_operand(p0.to(gl.float8e4nv), a_layout, PERM_P)
-    p1 = _p_operand(p1.to(gl.float8e4nv), a_layout, PERM_P)
+    f = gl.where(half0, qs * s0, qs * s1)
+    p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
+    ls = gl.sum(gl.where(half0, p, 0.0), axis=1) + gl.sum(gl.where(half0, 0.0, p), axis=1)
+    l_i = l_i * alpha + ls
+    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float8e4nv), [64, 2, 64]), (0, 2, 1)))
+    p0 = _p_operand(p0, a_layout, PERM_P)
+    p1 = _p_operand(p1, a_layout, PERM_P)
     zo = gl.zeros([64, HEAD_D], gl.float32, mma)
     pv = warpgroup_mma(p0, v_smem.index(2 * slot).permute((1, 0)), zo, use_acc=False,
                        is_async=True)
@@ -227,8 +229,6 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         args[3], args[6], args[9], args[16], args[17], args[18], args[23], args[33], args[34],
         args[35])
     HEAD_D: gl.constexpr = q_smem.shape[2]
-    mma64: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                    instr_shape=[16, 64, 32])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, HEAD_D, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
@@ -245,11 +245,11 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         for i in range(n_full):
             nxt = _blocks(lst, cnt, n_all, i + 1, args)  # a tile ahead: off the critical path
             acc, l_i, m_i = _tile_halves(i, False, acc, l_i, m_i, q, qs, blocks, cnt, c, args,
-                                         mma64, mma, P_LOG2_SCALE, PERM_P)
+                                         mma, P_LOG2_SCALE, PERM_P)
             blocks = nxt
         if n_full < n_all:
             acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, blocks, cnt, c,
-                                         args, mma64, mma, P_LOG2_SCALE, PERM_P)
+                                         args, mma, P_LOG2_SCALE, PERM_P)
         r0 = qb * 64
         if INIT_SUMMARY:
             # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
