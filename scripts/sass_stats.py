@@ -135,8 +135,8 @@ def compile_summary_gluon(overrides: dict):
 
     chunk = overrides.get("summary_chunk", DEFAULT.sparse.summary_chunk)
     p_log2 = P_LOG2_SCALES[overrides.get("p_scaling", "unit")]
-    types = ["*fp8e4nv", "*fp32", "*i32", "*i32", "*bf16", "*bf16", "*fp32", "*fp32", "*fp32"]
-    types += ["i32"] * 7 + ["fp32"]
+    types = ["*fp8e4nv", "*fp32", "*i32", "*i32", "*bf16", "*bf16", "*fp32", "*fp32"]
+    types += ["i32"] * 7 + ["fp32", "i32"]
     cst = dict(HEAD_D=128, CHUNK=chunk, P_LOG2_SCALE=p_log2, SKIP_PREFIX=True)
     kernel = _compile_gluon(ks, types, cst, divisibility=True, maxnreg=MAXNREG)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)

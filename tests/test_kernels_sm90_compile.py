@@ -98,13 +98,15 @@ def test_warp_specialized_list_kernel_compiles_as_measured():
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
 def test_gluon_summary_pass_compiles_four_per_sm():
     """Sol's summary pass in Gluon (``summary_gluon``): at most 128 registers without spills or
-    wgmma serialization and 48 KB of shared memory, so four programs share an SM (the Triton
+    wgmma serialization and about 48 KB of shared memory, so four programs share an SM (the Triton
     pass: 168 registers, three), with the chunk's 16 exponentials per thread (+ 2 for the
     rescale) the only ones."""
     gl_st, tr_st = sass_stats({"sparse": True, "summary_only": True},
                               {"sparse": True, "summary_only": True, "summary_kernel": "triton"})
     assert gl_st["regs"] <= 128 and gl_st["ptxas"] == "spill stores 0 B", gl_st
-    assert gl_st["STL"] == 0 and gl_st["shared"] <= 49152, gl_st
+    # four programs' shared memory (with the static part) within one SM's 228 KB
+    assert gl_st["STL"] == 0 and 4 * (gl_st["shared"] + gl_st["shared_static"]) <= 228 * 1024, \
+        gl_st
     assert 65536 // (128 * gl_st["regs"]) >= 4 > 65536 // (128 * tr_st["regs"]), (gl_st, tr_st)
     assert gl_st["MUFU.EX2"] == 18, gl_st  # the loop's, no other exponentials
 

@@ -709,7 +709,7 @@ def fp8_attention_fwd(
             from . import summary_gluon
 
             if summary_gluon.applies(qkv, sparse, interp):
-                summary_gluon.summary_pass(qkv, *sp.args[:2], *sp.args[3:6], sp.sum_o, sp.sum_ml,
+                summary_gluon.summary_pass(qkv, *sp.args[:2], *sp.args[3:5], sp.sum_o, sp.sum_ml,
                                            scale=scale, row_start=row_start,
                                            p_log2_scale=P_LOG2_SCALES[p_scaling],
                                            chunk=sparse.summary_chunk,
