@@ -1,0 +1,369 @@
+"""MEASURED SLOWER, kept for one commit as the record of the attempt (see BENCHMARKS.md, "Two
+consumer warpgroups with intra-warpgroup overlap"): the dense kernel of ``attention_fp8_ws`` with
+two consumers of 240 registers, each overlapping its softmax of tile j with its P @ V of tile
+j - 1 (FlashAttention-3's order); bitwise the same output, 59.94 / 47.72 ms (2 / 3 slots)
+against 32.86 ms on the H200, its loop spilling ~30 registers per tile.
+
+Warp-specialized FP8 attention forward for Hopper (Gluon): one TMA producer warp and two
+consumer warpgroups of 64 query rows that share every K/V tile.
+
+Torch twin: ``workbench.attention.reference._attend`` with the fp8_dense* recipes, exactly as the
+Triton kernel ``attention_fp8._fp8_attn_fwd_kernel`` (its dense specialization), whose numerics
+this kernel repeats operation for operation: the same scores, the same per-half K-scale fold, the
+same P = 2^(s - m + c) rounded to E4M3 by the hardware cast, the same per-tile flush (Q K^T one
+head-dim chain from zero, P @ V into a fresh accumulator added by ``acc * alpha + pv``), the same
+epilogue. What differs is the schedule:
+- a CTA holds N_CONS = 3 x 64 query rows of one head; one producer warp loads each K / V tile once
+  by TMA into a ring of STAGES shared-memory slots (mbarriers "ready" / "empty"), so the consumers
+  issue no TMA loads, address arithmetic or barrier bookkeeping of their own beyond two waits and
+  one arrive per tile (and the tile's two K-scale loads), and the L2 -> SM traffic is 1 / N_CONS
+  of the 64-row programs';
+- registers are re-allocated per partition (``setmaxnreg``): 16 warps x 128 at launch, 24 for
+  the producer, 160 / 160 / 168 for the consumers. Two consumers of 240 registers
+  (FlashAttention-3's split) measured 37.2 ms against 33.4 for three (the programs kernel: 37.5)
+  on the H200: removed, code at 2e14427.
+
+Gluon kernels do not run in Triton's interpreter: the CPU tests compile this kernel for sm_90a
+(no GPU needed) and check the compiled form (no spills, the setmaxnreg split, the loop's
+instruction mix); its values are tested on the GPU against the Triton kernel and float64.
+
+Shapes: as ``attention_fp8``: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad]
+(V^T's tokens in P's register order, ``QuantConfig.v_perm``); head dim 128; non-causal.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+    """One warp: Q tiles of the CTA's consumers, then every K / V tile into the ring (the
+    consumers' signature: warp_specialize's worker partitions share one; only args is read)."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
+     SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
+     stride_ob, stride_os, stride_oh, row_start) = args
+    N_CONS: gl.constexpr = q_smem.shape[0]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_D: gl.constexpr = k_smem.shape[2]
+    mbarrier.expect(q_bar, N_CONS * q_desc.block_type.nbytes)
+    for c in gl.static_range(N_CONS):
+        tma.async_copy_global_to_shared(q_desc, [bh * S_pad + m0 + c * 64, 0], q_bar,
+                                        q_smem.index(c))
+    kbase = bhk * S_pad
+    vbase = bhk * HEAD_D
+    n_tiles = gl.cdiv(S, BLOCK_N)
+    for j in range(n_tiles):
+        st = j % STAGES
+        ph = (j // STAGES) & 1
+        # the ring slot is free once every consumer has arrived on it (phase ph ^ 1: the first
+        # round passes, mbarriers start in the completed phase 1)
+        mbarrier.wait(empty.index(st), ph ^ 1)
+        mbarrier.expect(ready.index(st), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [kbase + j * BLOCK_N, 0], ready.index(st),
+                                        k_smem.index(st))
+        tma.async_copy_global_to_shared(v_desc, [vbase, j * BLOCK_N], ready.index(st),
+                                        v_smem.index(st))
+
+
+@gluon.jit
+def _row_bias(m_i, m_cand, qs, P_LOG2_SCALE: gl.constexpr):
+    """As ``attention_fp8._row_bias``: (exponent row bias, rescale of the previous state)."""
+    if P_LOG2_SCALE == 0.0:
+        mq = m_cand * qs
+        alpha = gl.exp2(m_i * qs - mq)
+    else:
+        mq = gl.fma(m_cand, qs, -P_LOG2_SCALE)
+        alpha = gl.exp2(gl.fma(m_i, qs, -P_LOG2_SCALE) - mq)
+    return mq, alpha
+
+
+@gluon.jit
+def _p_operand(p8, a_layout: gl.constexpr, PERM_P: gl.constexpr):
+    """P [64, BLOCK_N] (E4M3, accumulator layout) -> the register A operand of P @ V. PERM_P:
+    the keys within every 32-key group reordered as k -> (k4, k1, k3, k2, k0) bits, the order in
+    which a thread's accumulator registers hold them (V^T is stored in that order), so the
+    conversion moves no data (``assert_trivial``)."""
+    if PERM_P:
+        bm: gl.constexpr = p8.shape[0]
+        bn: gl.constexpr = p8.shape[1]
+        p5 = gl.reshape(p8, [bm, bn // 32, 2, 2, 2, 2, 2])
+        p8 = gl.reshape(gl.permute(p5, (0, 1, 2, 4, 5, 3, 6)), [bm, bn])
+        return gl.convert_layout(p8, a_layout, assert_trivial=True)
+    else:
+        return gl.convert_layout(p8, a_layout)
+
+
+@gluon.jit
+def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
+          offs_n, mma: gl.constexpr, a_layout: gl.constexpr, MASK_KEYS: gl.constexpr,
+          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr):
+    """One key tile of one consumer: wait for the slot, Q K^T, the online softmax with the
+    per-half K scales folded into the row max and the exponent's factor, P @ V into a fresh
+    accumulator, release the slot, flush by one FMA per element."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_D: gl.constexpr = k_smem.shape[2]
+    st = j % STAGES
+    ph = (j // STAGES) & 1
+    mbarrier.wait(ready.index(st), ph)
+    zs = gl.zeros([64, BLOCK_N], gl.float32, mma)
+    raw = warpgroup_mma(q, k_smem.index(st).permute((1, 0)), zs, use_acc=False, is_async=True)
+    s0 = gl.load(SK + skbase + 2 * j)
+    s1 = gl.load(SK + skbase + 2 * j + 1)
+    raw = warpgroup_mma_wait(0, deps=(raw,))
+    if MASK_KEYS:
+        raw = gl.where((j * BLOCK_N + offs_n < S)[None, :], raw, float("-inf"))
+    half0 = (offs_n < 64)[None, :]
+    mx0 = gl.max(gl.where(half0, raw, float("-inf")), axis=1)
+    mx1 = gl.max(gl.where(half0, float("-inf"), raw), axis=1)
+    m_cand = gl.maximum(m_i, gl.maximum(mx0 * s0, mx1 * s1))
+    f = gl.where(half0, qs * s0, qs * s1)
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+    p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    p8 = _p_operand(p.to(gl.float8e4nv), a_layout, PERM_P)
+    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
+    pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), zo, use_acc=False, is_async=True)
+    pv = warpgroup_mma_wait(0, deps=(pv,))
+    mbarrier.arrive(empty.index(st), count=1)
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_cand
+
+
+@gluon.jit
+def _softmax(raw, j, m_i, l_i, qs, s0, s1, S, offs_n, MASK_KEYS: gl.constexpr,
+             P_LOG2_SCALE: gl.constexpr):
+    BLOCK_N: gl.constexpr = raw.shape[1]
+    if MASK_KEYS:
+        raw = gl.where((j * BLOCK_N + offs_n < S)[None, :], raw, float("-inf"))
+    half0 = (offs_n < 64)[None, :]
+    mx0 = gl.max(gl.where(half0, raw, float("-inf")), axis=1)
+    mx1 = gl.max(gl.where(half0, float("-inf"), raw), axis=1)
+    m_cand = gl.maximum(m_i, gl.maximum(mx0 * s0, mx1 * s1))
+    f = gl.where(half0, qs * s0, qs * s1)
+    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+    p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_cand
+
+
+@gluon.jit
+def _step(j, acc, l_i, m_i, raw, pv, alpha_prev, q, qs, k_smem, v_smem, ready, empty, SK,
+          skbase, S, offs_n, mma: gl.constexpr, a_layout: gl.constexpr, MASK_KEYS: gl.constexpr,
+          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr):
+    """Tile j's softmax while tile j-1's P @ V runs; tile j-1's flush; then tile j+1's Q K^T and
+    tile j's P @ V issued together, the former waited for."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_D: gl.constexpr = k_smem.shape[2]
+    st = j % STAGES
+    sp = (j - 1) % STAGES
+    s0 = gl.load(SK + skbase + 2 * j)
+    s1 = gl.load(SK + skbase + 2 * j + 1)
+    p, alpha, l_i, m_i = _softmax(raw, j, m_i, l_i, qs, s0, s1, S, offs_n, MASK_KEYS,
+                                  P_LOG2_SCALE)
+    pv = warpgroup_mma_wait(0, deps=(pv,))
+    mbarrier.arrive(empty.index(sp), count=1)
+    acc = acc * alpha_prev[:, None] + pv
+    p8 = _p_operand(p.to(gl.float8e4nv), a_layout, PERM_P)
+    # tile j + 1's Q K^T (the slot past the last tile is waited on only when it exists)
+    jn = j + 1
+    sn = jn % STAGES
+    n_tiles = gl.cdiv(S, BLOCK_N)
+    mbarrier.wait(ready.index(sn), (jn // STAGES) & 1, pred=jn < n_tiles)
+    zs = gl.zeros([64, BLOCK_N], gl.float32, mma)
+    raw = warpgroup_mma(q, k_smem.index(sn).permute((1, 0)), zs, use_acc=False, is_async=True)
+    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
+    pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), zo, use_acc=False, is_async=True)
+    raw = warpgroup_mma_wait(1, deps=(raw,))
+    return acc, l_i, m_i, raw, pv, alpha
+
+
+@gluon.jit
+def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
+     SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
+     stride_ob, stride_os, stride_oh, row_start) = args
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    HEAD_D: gl.constexpr = k_smem.shape[2]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 32])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    row_l: gl.constexpr = gl.SliceLayout(1, mma)
+    col_l: gl.constexpr = gl.SliceLayout(0, mma)
+    r0 = m0 + cid * 64
+    qs = gl.load(SQ + bh * n_scale + gl.minimum(r0 // 64, n_scale - 1)) * qk_scale_log2
+    m_i = gl.full([64], float("-inf"), gl.float32, row_l)
+    l_i = gl.zeros([64], gl.float32, row_l)
+    acc = gl.zeros([64, HEAD_D], gl.float32, mma)
+    alpha = gl.zeros([64], gl.float32, row_l)
+    offs_n = gl.arange(0, BLOCK_N, layout=col_l)
+    skbase = bhk * n_scale
+    mbarrier.wait(q_bar, 0)
+    q = q_smem.index(cid)
+    n_full = S // BLOCK_N
+    mbarrier.wait(ready.index(0), 0)
+    zs = gl.zeros([64, BLOCK_N], gl.float32, mma)
+    raw = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), zs, use_acc=False, is_async=True)
+    raw = warpgroup_mma_wait(0, deps=(raw,))
+    n_tiles = gl.cdiv(S, BLOCK_N)
+    s0 = gl.load(SK + skbase)
+    s1 = gl.load(SK + skbase + 1)
+    p, alpha, l_i, m_i = _softmax(raw, 0, m_i, l_i, qs, s0, s1, S, offs_n, True, P_LOG2_SCALE)
+    p8 = _p_operand(p.to(gl.float8e4nv), a_layout, PERM_P)
+    mbarrier.wait(ready.index(1 % STAGES), (1 // STAGES) & 1, pred=1 < n_tiles)
+    raw = warpgroup_mma(q, k_smem.index(1 % STAGES).permute((1, 0)), zs, use_acc=False,
+                        is_async=True)
+    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
+    pv = warpgroup_mma(p8, v_smem.index(0).permute((1, 0)), zo, use_acc=False, is_async=True)
+    raw = warpgroup_mma_wait(1, deps=(raw,))
+    for j in range(1, n_full):
+        acc, l_i, m_i, raw, pv, alpha = _step(j, acc, l_i, m_i, raw, pv, alpha, q, qs, k_smem,
+                                              v_smem, ready, empty, SK, skbase, S, offs_n, mma,
+                                              a_layout, False, P_LOG2_SCALE, PERM_P)
+    if (n_full < n_tiles) & (n_full > 0):
+        acc, l_i, m_i, raw, pv, alpha = _step(n_full, acc, l_i, m_i, raw, pv, alpha, q, qs,
+                                              k_smem, v_smem, ready, empty, SK, skbase, S,
+                                              offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P)
+    pv = warpgroup_mma_wait(0, deps=(pv,))
+    mbarrier.arrive(empty.index((n_tiles - 1) % STAGES), count=1)
+    acc = acc * alpha[:, None] + pv
+    _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
+
+
+@gluon.jit
+def _store_rows(acc, l_i, mlog, r0, args, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
+                WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+    """The epilogue of ``attention_fp8._epilogue`` for rows r0 .. r0 + 63: V channel scale,
+    1 / l, + v_corr (add.rn), BF16 (or FP32 without v_corr: OUT_F32), rows < row_start left
+    alone; the LSE from the row max in log2 units (mlog)."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
+     SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
+     stride_ob, stride_os, stride_oh, row_start) = args[:28]
+    HEAD_D: gl.constexpr = acc.shape[1]
+    d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma))
+    offs_m = r0 + gl.arange(0, 64, layout=gl.SliceLayout(1, mma))
+    vs = gl.load(VS + bhk * HEAD_D + d)
+    o = acc * (vs[None, :] / l_i[:, None])
+    row_ok = (offs_m < S) & (offs_m >= row_start)
+    optr = OUT + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + d[None, :]
+    mask = row_ok[:, None] & (d < HEAD_D)[None, :]
+    if OUT_F32:
+        gl.store(optr, o, mask=mask)
+    else:
+        vc = gl.load(VC + bhk * HEAD_D + d)
+        # add.rn: never contracted into an FMA, the same bits as the Triton kernel's epilogue
+        y = gl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f",
+                                      [o, gl.broadcast(vc[None, :], o)[0]],
+                                      dtype=gl.float32, is_pure=True, pack=1)
+        gl.store(optr, y.to(OUT.dtype.element_ty), mask=mask)
+    if WRITE_LSE:
+        lse = (mlog + gl.log2(l_i) - P_LOG2_SCALE) * 0.6931471805599453
+        gl.store(LSE + bh * S + offs_m, lse, mask=offs_m < S)
+
+
+@gluon.jit
+def _fp8_attn_ws_kernel(
+    q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
+    S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
+    N_CONS: gl.constexpr, STAGES: gl.constexpr, CONS_REGS: gl.constexpr,
+    P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
+    OUT_F32: gl.constexpr,
+):
+    """Grid (cdiv(S, 64 * N_CONS), B * H); num_warps = 4 (the default partition = consumer 0)."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_D: gl.constexpr = k_desc.block_type.shape[1]
+    pid_m = gl.program_id(0)
+    if not WRITE_LSE:
+        if (pid_m + 1) * (64 * N_CONS) <= row_start:
+            return  # rows the caller overwrites (the dense-prefix rows): nothing is stored
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    bhk = b * (H // GROUP) + h // GROUP
+    m0 = pid_m * (64 * N_CONS)
+    n_scale = S_pad // 64
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_CONS, 64, HEAD_D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, HEAD_D, BLOCK_N], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=N_CONS)
+    fence_async_shared()
+    args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
+            SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
+            stride_ob, stride_os, stride_oh, row_start)
+    # one consumer function for the three consumers (their index a constexpr argument); every
+    # partition takes the same arguments, the flags written out (a tuple variable would not keep
+    # them compile-time constants)
+    gl.static_assert(N_CONS == 2)
+    gl.warp_specialize([
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+    ], [4, 1], [CONS_REGS, 24])
+
+
+from workbench.kernels.attention_fp8_ws import descriptors  # noqa
+
+
+# 16 warps x 128 registers at launch = 168 (the default partition, consumer 0) + 2 x 160 + 24
+CONSUMERS = 2
+MAXNREG = 168
+CONSUMER_REGS = 240
+
+
+def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
+                         out_dtype=torch.bfloat16, row_start: int = 0, return_lse: bool = False,
+                         out_f32: bool = False, p_scaling: str = "unit", stages: int = 3):
+    """The dense FP8 attention of ``attention_fp8.fp8_attention_fwd`` on the warp-specialized
+    schedule (same arguments; ``stages`` K/V slots)."""
+    from workbench.kernels.attention_fp8 import P_LOG2_SCALES
+
+    if p_scaling not in P_LOG2_SCALES:
+        raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
+    B, H, S_pad, D = qkv.q8.shape
+    Hkv = qkv.k8.shape[1]
+    S = qkv.seq_len
+    if S_pad % 128:  # the tiles' two K scales (and TMA boxes) never pass the padded length
+        raise ValueError(f"padded length {S_pad} is not a multiple of the 128-key tile")
+    if D != 128 or qkv.q8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"the warp-specialized kernel takes E4M3 operands with head dim 128 "
+                         f"(got {qkv.q8.dtype}, head dim {D})")
+    if out is None:
+        out = torch.empty((B, S, H, D), dtype=torch.float32 if out_f32 else out_dtype,
+                          device=qkv.q8.device)
+    lse = torch.empty((B, H, S), dtype=torch.float32, device=out.device) if return_lse else None
+    qd, kd, vd = descriptors(qkv)
+    grid = (triton.cdiv(S, 64 * CONSUMERS), B * H)
+    _fp8_attn_ws_kernel[grid](
+        qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
+        lse if lse is not None else out,
+        S, S_pad, H, H // Hkv, row_start, scale * LOG2E,
+        out.stride(0), out.stride(1), out.stride(2),
+        N_CONS=CONSUMERS, STAGES=stages, CONS_REGS=CONSUMER_REGS,
+        P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], PERM_P=bool(qkv.v_perm), WRITE_LSE=return_lse,
+        OUT_F32=out_f32, num_warps=4, maxnreg=MAXNREG,
+    )
+    return out, lse
