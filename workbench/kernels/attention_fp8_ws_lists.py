@@ -87,7 +87,7 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
     """Tile i of consumer c (its blocks in `pair`); returns the blocks of tile i + 1, whose
     loads are issued first so that they fly while the producer waits for the slot."""
     STAGES: gl.constexpr = ready.shape[0] // 3
-    lst, cnt, n_all, n_full, _ = lists[c]
+    lst, cnt, n_all, n_full, _, _ = lists[c]
     nxt = _pair(lst, cnt, n_all, i + 1)
     if i < n_all:
         j0, j1 = pair
@@ -114,8 +114,8 @@ def _query_block(c: gl.constexpr, args):
 
 @gluon.jit
 def _row_list(c: gl.constexpr, args, WRITE_LSE: gl.constexpr):
-    """(list pointer, entries, tiles, unmasked tiles, whether it runs) of consumer c's query
-    block: it does not run past the last block, nor for a block of rows < row_start (the
+    """(list pointer, entries, tiles, unmasked tiles, whether it runs, the query block) of
+    consumer c: it does not run past the last block, nor for a block of rows < row_start (the
     dense-prefix rows the caller overwrites) unless their LSE is written; no tiles then."""
     (S, bh, pid_q0, BLOCKS, COUNTS, N_QB, N_KB, row_start) = (
         args[15], args[18], args[36], args[28], args[29], args[30], args[31], args[27])
@@ -127,7 +127,7 @@ def _row_list(c: gl.constexpr, args, WRITE_LSE: gl.constexpr):
         runs = runs & ((qb + 1) * 64 > row_start)
     cnt = gl.where(runs, gl.load(COUNTS + row), 0)
     n_full, n_all = _list_shape(lst, cnt, S)
-    return lst, cnt, n_all, n_full, runs
+    return lst, cnt, n_all, n_full, runs, qb
 
 
 @gluon.jit
@@ -234,9 +234,8 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, HEAD_D, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
-    lst, cnt, n_all, n_full, runs = _row_list(c, args, WRITE_LSE)
+    lst, cnt, n_all, n_full, runs, qb = _row_list(c, args, WRITE_LSE)
     if runs:
-        qb = _query_block(c, args)
         qs = gl.load(SQ + bh * n_scale + qb) * qk_scale_log2
         m_i = gl.full([64], float("-inf"), gl.float32, rows)
         l_i = gl.zeros([64], gl.float32, rows)
