@@ -78,6 +78,15 @@ def test_board_sampler_reads_nothing_without_the_tool_and_parses_samples():
     assert b.result() == {"sm_mhz": 1800.0, "power_w": 690.5}  # first two dropped, bad lines too
     b.text = ""
     assert b.result() == {}
+    # the board of torch's device by its PCI address (nvidia-smi's --id), "0" without one
+    from types import SimpleNamespace
+
+    from workbench.bench.harness import _smi_id
+
+    props = SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1B, pci_device_id=0)
+    assert _smi_id(props) == "00000000:1B:00.0"
+    assert _smi_id(SimpleNamespace()) == "0"
+    assert BoardSampler(gpu="3").gpu == "3"
 
 
 def test_markdown_without_bf16_peer_and_older_reports():

@@ -30,23 +30,38 @@ class Rotating:
         return s
 
 
-class BoardSampler:
-    """SM clock (MHz) and board power (W) of GPU 0 sampled every `period_ms` by ``nvidia-smi``
-    while the ``with`` block runs; ``result()`` -> {"sm_mhz", "power_w"} medians of the samples
-    after the first `skip` (the tool starts while the GPU may still idle), or {} where
-    nvidia-smi is absent or gave nothing. The instantaneous power field where the driver has it
-    (the plain one is a one-second average, which smears idle time into short runs)."""
+def _smi_id(props=None) -> str:
+    """nvidia-smi's --id for torch's current CUDA device: its PCI address (domain:bus:device.0),
+    which names the same board under CUDA_VISIBLE_DEVICES; "0" without CUDA or PCI fields."""
+    try:
+        if props is None:
+            if not torch.cuda.is_available():
+                return "0"
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return (f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:"
+                f"{props.pci_device_id:02X}.0")
+    except (AttributeError, RuntimeError):
+        return "0"
 
-    def __init__(self, period_ms: int = 100, skip: int = 5):
+
+class BoardSampler:
+    """SM clock (MHz) and board power (W) of a GPU (default: torch's current device, by its PCI
+    address) sampled every `period_ms` by ``nvidia-smi`` while the ``with`` block runs;
+    ``result()`` -> {"sm_mhz", "power_w"} medians of the samples after the first `skip` (the
+    tool starts while the GPU may still idle), or {} where nvidia-smi is absent or gave nothing.
+    The instantaneous power field where the driver has it (the plain one is a one-second
+    average, which smears idle time into short runs)."""
+
+    def __init__(self, period_ms: int = 100, skip: int = 5, gpu: str | None = None):
         self.period_ms = period_ms
         self.skip = skip
+        self.gpu = gpu if gpu is not None else _smi_id()
         self.proc = None
         self.text = ""
 
-    @staticmethod
-    def _power_field(tool: str) -> str:
+    def _power_field(self, tool: str) -> str:
         try:
-            p = subprocess.run([tool, "--id=0", "--query-gpu=power.draw.instant",
+            p = subprocess.run([tool, f"--id={self.gpu}", "--query-gpu=power.draw.instant",
                                 "--format=csv,noheader,nounits"], capture_output=True,
                                text=True, timeout=10)
             return "power.draw.instant" if p.returncode == 0 and "N/A" not in p.stdout \
@@ -58,7 +73,7 @@ class BoardSampler:
         tool = shutil.which("nvidia-smi")
         if tool:
             self.proc = subprocess.Popen(
-                [tool, "--id=0", f"--query-gpu=clocks.sm,{self._power_field(tool)}",
+                [tool, f"--id={self.gpu}", f"--query-gpu=clocks.sm,{self._power_field(tool)}",
                  "--format=csv,noheader,nounits", f"-lms={self.period_ms}"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         return self
@@ -66,7 +81,12 @@ class BoardSampler:
     def __exit__(self, *exc):
         if self.proc is not None:
             self.proc.terminate()
-            self.text = self.proc.communicate(timeout=10)[0]
+            try:
+                self.text = self.proc.communicate(timeout=10)[0]
+            except subprocess.TimeoutExpired:  # a hung tool costs the samples, not the run
+                self.proc.kill()
+                self.text = ""
+                self.proc.communicate()
         return False
 
     def result(self) -> dict:
