@@ -328,6 +328,11 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     ref, _ = dense_attention_f64(q, k, v, query_index=idx)
     nb = -(-S // 64)
     pairs = B * H * nb * nb
+
+    def ns_per_exact_pair(ms: float, density: float) -> float:
+        """The call's time per exact (query block, key block) pair, in ns."""
+        return ms * 1e6 / (density * pairs)
+
     report = {"env": env_info(), "config": {**asdict(cfg), "shape": [B, S, H, D],
                                              "prefix": prefix, "layout": layout.to_dict()},
               "routing": [], "rows": []}
@@ -363,7 +368,7 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             log(f"  {variant}: skipped ({row['skipped']})")
             torch.cuda.empty_cache()
             return row
-        row["ns_per_exact_pair"] = row["ms"] * 1e6 / (density * pairs)
+        row["ns_per_exact_pair"] = ns_per_exact_pair(row["ms"], density)
         log(f"  {variant:34s} density {density:.4f} {row['ms']:8.3f} ms "
             f"relL2 {row['rel_l2']:.3e}" + (f" (emu {emu:.3e})" if emu is not None else ""))
         torch.cuda.empty_cache()
@@ -544,7 +549,7 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
                                           rep_ms=cfg.rep_ms).items():
                 row = rows[lab]
                 row["ms"] = statistics.median(ts)
-                row["ns_per_exact_pair"] = row["ms"] * 1e6 / (dens * pairs)
+                row["ns_per_exact_pair"] = ns_per_exact_pair(row["ms"], dens)
                 row["note"] = (f"option sweep: median of {len(ts)} interleaved rounds "
                                f"({min(ts):.3f}-{max(ts):.3f})")
 
