@@ -102,7 +102,12 @@ def test_markdown_without_bf16_peer_and_older_reports():
 def test_summary_lists_each_timed_row_with_its_ratio():
     text = tables.summary(REPORT)
     assert text.splitlines()[0] == f"{SHAPE}  (x = vs fa3_bf16)"
-    assert "x1.174" in text and "stats" not in text
+    assert "x1.174" in text and "stats" not in text and "MHz" not in text
+    rows = [dict(r) for r in REPORT["rows"]]
+    rows[4].update(sm_mhz=1808.0, power_w=690.4)  # ours, full
+    ours = [ln for ln in tables.summary({**REPORT, "rows": rows}).splitlines() if "full" in ln
+            and "fp8_dense_kv_corrected" in ln]
+    assert ours and ours[0].endswith("relL2 1.700e-03  1808 MHz 690 W"), ours
 
 
 def test_sweep_points_parse_and_refuse_bad_entries():

@@ -98,7 +98,8 @@ def markdown(report: dict, *, rows: int = 64) -> str:
 
 
 def summary(report: dict) -> str:
-    """A short text table: per shape, each full / kernel row's ms, ratio and rel-L2."""
+    """A short text table: per shape, each full / kernel row's ms, ratio and rel-L2 (and its SM
+    clock and board power where sampled)."""
     out = []
     for shape in shapes(report):
         rs = [r for r in report["rows"] if r["shape"] == shape]
@@ -108,8 +109,10 @@ def summary(report: dict) -> str:
         for r in rs:
             if r["mode"] in TIMED:
                 ratio = f"x{base['ms'] / r['ms']:.3f}" if base else ""
+                board = (f"  {r['sm_mhz']:.0f} MHz {r['power_w']:.0f} W" if "sm_mhz" in r
+                         else "")
                 out.append(f"  {r['variant'][:44]:44s} {r['mode']:6s} {r['ms']:9.3f} ms "
-                           f"{ratio:>7s} relL2 {_fmt(r['rel_l2'], '.3e')}")
+                           f"{ratio:>7s} relL2 {_fmt(r['rel_l2'], '.3e')}{board}")
     return "\n".join(out)
 
 
