@@ -37,6 +37,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from workbench.kernels import summary_gluon  # noqa: E402
 from workbench.kernels.attention_fp8 import P_LOG2_SCALES  # noqa: E402
 from workbench.kernels.attention_fp8 import _fp8_attn_fwd_kernel as KERNEL  # noqa: E402
 from workbench.kernels.config import DEFAULT  # noqa: E402
@@ -130,25 +131,23 @@ def compile_ws_lists(overrides: dict):
 def compile_summary_gluon(overrides: dict):
     """Sol's summary pass in Gluon (``summary_gluon``) as the sparse launch takes it (head dim
     128, the prefix blocks skipped)."""
-    from workbench.kernels.summary_gluon import MAXNREG
-    from workbench.kernels.summary_gluon import _summary_kernel as ks
-
     chunk = overrides.get("summary_chunk", DEFAULT.sparse.summary_chunk)
     p_log2 = P_LOG2_SCALES[overrides.get("p_scaling", "unit")]
     types = ["*fp8e4nv", "*fp32", "*i32", "*i32", "*bf16", "*bf16", "*fp32", "*fp32"]
     types += ["i32"] * 7 + ["fp32", "i32"]
     cst = dict(HEAD_D=128, CHUNK=chunk, P_LOG2_SCALE=p_log2, SKIP_PREFIX=True)
-    kernel = _compile_gluon(ks, types, cst, divisibility=True, maxnreg=MAXNREG)
-    return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
+    regs = summary_gluon.MAXNREG
+    kernel = _compile_gluon(summary_gluon._summary_kernel, types, cst, divisibility=True,
+                            maxnreg=regs)
+    return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=regs)
 
 
 def compile_sm90(overrides: dict):
     """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
     sp_cfg = dataclasses.replace(DEFAULT.sparse, **{k: overrides[k] for k in (
         "summary_kernel", "summary_chunk", "summary_precision") if k in overrides})
-    if overrides.get("summary_only") and sp_cfg.summary_kernel == "gluon" and \
-            sp_cfg.summary_precision == "bf16" and sp_cfg.summary_chunk in (16, 32):
-        return compile_summary_gluon(overrides)  # what summary_gluon.applies takes
+    if overrides.get("summary_only") and summary_gluon.takes(sp_cfg):
+        return compile_summary_gluon(overrides)  # the kernel the sparse launch takes
     if overrides.get("schedule") == "warp_specialized":
         if overrides.get("sparse"):
             return compile_ws_lists(overrides)

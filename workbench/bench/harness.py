@@ -13,6 +13,7 @@ import platform
 import shutil
 import statistics
 import subprocess
+import time
 
 import torch
 
@@ -109,8 +110,6 @@ def board_under_load(fn, seconds: float = 2.0) -> dict:
     without nvidia-smi. Why: an H200 running a dense FP8 attention kernel sits at its 700 W
     board limit with the SM clock below its maximum (1800 vs 1980 MHz, measured 2026-12-01), so
     a row's time depends on the power it draws, which this shows beside it."""
-    import time
-
     with BoardSampler() as board:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:

@@ -24,9 +24,10 @@ ACCURACY_NOTE = (
     "<= 128 terms, K/V smoothing) stay near the BF16 floor."
 )
 BOARD_NOTE = (
-    "SM MHz / board W: medians of nvidia-smi samples (every 100 ms) while the row was timed; a row "
-    "near the board's power limit (700 W on an H200) runs below the maximum SM clock, so its time "
-    "is set by the energy it spends as much as by its instruction schedule."
+    "SM MHz / board W: medians of nvidia-smi samples (every 100 ms) over a few seconds of the "
+    "row's calls run back to back after its timing (--board-s); a row near the board's power "
+    "limit (700 W on an H200) runs below the maximum SM clock, so its time is set by the energy "
+    "it spends as much as by its instruction schedule."
 )
 
 

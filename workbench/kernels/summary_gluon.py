@@ -153,12 +153,19 @@ def _summary_kernel(Q8, SQ, BLOCKS, COUNTS, KC, VCS, SUM_O, SUM_ML,
     gl.store(SUM_ML + N_BH * S_pad + srow, l_i)
 
 
+def takes(sparse) -> bool:
+    """Whether a ``SparseConfig`` asks for this kernel: ``summary_kernel="gluon"`` with BF16
+    summary operands in chunks of 16 or 32 blocks (the part of ``applies`` that needs no
+    operands; scripts/sass_stats.py compiles by it)."""
+    return (sparse.summary_kernel == "gluon" and sparse.summary_precision == "bf16"
+            and sparse.summary_chunk in (16, 32))
+
+
 def applies(qkv, sparse, interp: bool) -> bool:
     """Whether Sol's summary pass takes this kernel (``SparseConfig.summary_kernel``): compiled,
-    E4M3 Q, head dim 128, BF16 summary operands in chunks of 16 or 32 blocks."""
-    return (sparse.summary_kernel == "gluon" and not interp
-            and qkv.q8.dtype == torch.float8_e4m3fn and qkv.q8.shape[-1] == 128
-            and sparse.summary_precision == "bf16" and sparse.summary_chunk in (16, 32))
+    E4M3 Q, head dim 128, and what ``takes`` asks of the config."""
+    return (takes(sparse) and not interp and qkv.q8.dtype == torch.float8_e4m3fn
+            and qkv.q8.shape[-1] == 128)
 
 
 def summary_pass(qkv, blocks, counts, kc, vcs, sum_o, sum_ml, *, scale: float,
