@@ -46,18 +46,29 @@ MAXNREG = 128  # four 128-thread programs per SM
 
 
 @gluon.jit
-def _gather_chunk(k, bufs, jbuf, lst, cnt, n_sum, KC, VCS, kvbase, CHUNK: gl.constexpr,
+def _chunk_entries(k, lst, cnt, n_sum, CHUNK: gl.constexpr):
+    """Chunk k's list entries (cnt + k * CHUNK ..; 0 past the list) in the gather's layout."""
+    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                        warps_per_cta=[4, 1], order=[1, 0])
+    ci = k * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, ld))
+    return gl.load(lst + cnt + ci, mask=ci < n_sum, other=0)
+
+
+@gluon.jit
+def _gather_chunk(k, js, bufs, jbuf, lst, cnt, n_sum, KC, VCS, kvbase, CHUNK: gl.constexpr,
                   HEAD_D: gl.constexpr):
-    """Chunk k's kc and vc / s_v rows (list entries cnt + k * CHUNK ..) into buffers k % 2 and
-    2 + k % 2, and the entries themselves into jbuf k % 2, by cp.async, one commit group; rows
-    past the list are zeros. The entries in shared memory give the chunk's block lengths
-    without the two dependent global loads (entry, then its length) the loop had: the pass
-    1.433 / 1.458 against 1.505 / 1.521 ms at the H3 anchor (commit 77d15e8 + this)."""
+    """Chunk k's kc and vc / s_v rows (its list entries js, loaded a chunk earlier by
+    ``_chunk_entries``) into buffers k % 2 and 2 + k % 2, and the entries themselves into jbuf
+    k % 2, by cp.async, one commit group; rows past the list are zeros. The entries in shared
+    memory give the chunk's block lengths without the two dependent global loads (entry, then
+    its length) the loop had: the pass 1.433 / 1.458 against 1.505 / 1.521 ms at the H3 anchor
+    (commit 77d15e8 + the next). The entries for the addresses come a chunk ahead, so that no
+    global load's latency stands between one chunk and the next: 1.323 / 1.171 / 1.425 against
+    1.441 / 1.277 / 1.574 ms at Sol tau 1 / 0.36 / 1.25 (H3 shape, H200, 2026-12-01)."""
     ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
                                         warps_per_cta=[4, 1], order=[1, 0])
     ci = k * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, ld))
     ok = ci < n_sum
-    js = gl.load(lst + cnt + ci, mask=ok, other=0)
     rows = (kvbase + js)[:, None] * HEAD_D \
         + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, ld))[None, :]
     async_copy.async_copy_global_to_shared(bufs.index(k % 2), KC + rows, mask=ok[:, None])
@@ -98,7 +109,9 @@ def _summary_kernel(Q8, SQ, BLOCKS, COUNTS, KC, VCS, SUM_O, SUM_ML,
     jbuf = gl.allocate_shared_memory(gl.int32, [2, CHUNK],
                                      gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
 
-    _gather_chunk(0, bufs, jbuf, lst, cnt, n_sum, KC, VCS, bhk * N_KB, CHUNK, HEAD_D)
+    _gather_chunk(0, _chunk_entries(0, lst, cnt, n_sum, CHUNK), bufs, jbuf, lst, cnt, n_sum,
+                  KC, VCS, bhk * N_KB, CHUNK, HEAD_D)
+    js_next = _chunk_entries(1, lst, cnt, n_sum, CHUNK)
     # Q's E4M3 codes in BF16 (exact), once
     ldq: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
                                          warps_per_cta=[4, 1], order=[1, 0])
@@ -118,11 +131,12 @@ def _summary_kernel(Q8, SQ, BLOCKS, COUNTS, KC, VCS, SUM_O, SUM_ML,
     acc = gl.zeros([64, HEAD_D], gl.float32, mma)
     zt = gl.zeros([64, CHUNK], gl.float32, mma_t)
     for k in range(n_chunks):
-        if k + 1 < n_chunks:  # the next chunk's rows fly during this chunk's products
-            _gather_chunk(k + 1, bufs, jbuf, lst, cnt, n_sum, KC, VCS, bhk * N_KB, CHUNK, HEAD_D)
-            async_copy.wait_group(1)
-        else:
-            async_copy.wait_group(0)
+        # the next chunk's rows fly during this chunk's products (past the list: zeros), and
+        # the entries of the one after it during the next chunk's
+        _gather_chunk(k + 1, js_next, bufs, jbuf, lst, cnt, n_sum, KC, VCS, bhk * N_KB, CHUNK,
+                      HEAD_D)
+        js_next = _chunk_entries(k + 2, lst, cnt, n_sum, CHUNK)
+        async_copy.wait_group(1)
         fence_async_shared()
         t = warpgroup_mma(q_bf, bufs.index(k % 2).permute((1, 0)), zt, use_acc=False,
                           is_async=True)
@@ -144,7 +158,7 @@ def _summary_kernel(Q8, SQ, BLOCKS, COUNTS, KC, VCS, SUM_O, SUM_ML,
         acc = warpgroup_mma(w16, bufs.index(2 + k % 2), acc * alpha[:, None], is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         m_i = m_cand
-    async_copy.wait_group(0)  # chunk 0's copies when the list has no summary block (no loop)
+    async_copy.wait_group(0)  # the last (empty) gather; chunk 0's when there was no loop
 
     srow = (bh * S_pad + pid_m * 64 + gl.arange(0, 64, layout=rows)).to(gl.int64)
     d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma))
