@@ -21,6 +21,7 @@ from workbench.kernels.config import DEFAULT, KernelConfig
 from .harness import Rotating, board_under_load, median_ms, peak_extra_gib
 from .inputs import make_inputs, sink_inputs  # noqa: F401 - re-exported for scripts
 from .peers import DEFAULT_PEERS, PeerUnavailable, build_peer
+from .tables import board_text
 
 RECIPES = ("fp8_dense", "fp8_dense_k", "fp8_dense_kv_corrected")
 
@@ -70,9 +71,8 @@ def side_by_side(B, S, H, D, *, n_sets=2, recipes=RECIPES, peers=DEFAULT_PEERS, 
                    **board)
         row.update(extra or {})
         results.append(row)
-        clock = (f"  {row['sm_mhz']:.0f} MHz {row['power_w']:.0f} W" if "sm_mhz" in row else "")
         log(f"  {variant:34s} {mode:6s} {ms:9.3f} ms {row['tflops']:7.1f} TFLOP/s "
-            f"peak+{mem:6.2f} GiB  relL2 {rel:.3e}  cos {cos:.6f}{clock}")
+            f"peak+{mem:6.2f} GiB  relL2 {rel:.3e}  cos {cos:.6f}{board_text(row)}")
         return row
 
     for name in peers:

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from .peers import ALL_PEERS, DEFAULT_PEERS
-from .tables import markdown
+from .tables import add_board_argument, check_board_s, markdown
 
 DEFAULT_SHAPES = ["1,32626,56,128", "1,8192,56,128", "1,16384,56,128", "1,65536,56,128"]
 __all__ = ["DEFAULT_SHAPES", "main", "markdown", "parse_shape", "register", "run"]
@@ -54,9 +54,7 @@ def add_arguments(p) -> None:
     p.add_argument("--rep-ms", type=int, default=500, help="do_bench repetition budget per row")
     p.add_argument("--no-emulate", action="store_true", help="skip the torch-emulation accuracy")
     p.add_argument("--no-ceilings", action="store_true", help="skip copy/matmul ceilings")
-    p.add_argument("--board-s", type=float, default=2.0,
-                   help="seconds of back-to-back calls per row while SM clock and board power "
-                        "are sampled (nvidia-smi; 0: not sampled)")
+    add_board_argument(p, 2.0)
     p.add_argument("--json", default=None, help="write all rows and the environment here")
     p.add_argument("--markdown", default=None, help="append the markdown tables to this file")
 
@@ -85,9 +83,7 @@ def check_args(args) -> None:
     for name in ("rows", "sets", "rep_ms"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
-    board_s = getattr(args, "board_s", 0.0)
-    if not 0 <= board_s <= 60:
-        raise ValueError(f"--board-s: {board_s} (seconds per row, 0 to 60)")
+    check_board_s(getattr(args, "board_s", 0.0))
 
 
 def git_commit() -> str | None:

@@ -51,6 +51,8 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from .tables import BOARD_HEADER, BOARD_NOTE, add_board_argument, board_cell, check_board_s
+
 DENSITIES = (0.10, 0.20, 0.35, 0.50, 1.0)
 SOL_RECIPE = "fp8_sol_kv_corrected"
 DENSE_RECIPE = "fp8_dense_kv_corrected"
@@ -594,8 +596,8 @@ def markdown(report: dict) -> str:
     peer = {r["tau"]: r.get("ms") for r in rows if r["variant"].startswith("NVIDIA")}
     board = any("sm_mhz" in r for r in rows)  # clock / power samples (older reports: none)
     lines += ["| variant | tau | exact density | ms | ns / exact block | x SDPA cuDNN "
-              "| x NVIDIA Sol | rel-L2 vs f64 | emu rel-L2 |" + (" SM MHz / board W |" if board
-                                                               else "") + " note |",
+              "| x NVIDIA Sol | rel-L2 vs f64 | emu rel-L2 |" + (BOARD_HEADER if board else "")
+              + " note |",
               "|---|---|---|---|---|---|---|---|---|" + ("---|" if board else "") + "---|"]
     for r in rows:
         ms = r.get("ms")
@@ -608,11 +610,8 @@ def markdown(report: dict) -> str:
             f"| {r['variant']} | {_fmt(r['tau'], '.4g')} | {r['density']:.4f} | {_fmt(ms, '.3f')} "
             f"| {_fmt(r.get('ns_per_exact_pair'), '.2f')} | {x_sdpa} | {x_peer} "
             f"| {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} |"
-            + (f" {_fmt(r.get('sm_mhz'), '.0f')} / {_fmt(r.get('power_w'), '.0f')} |" if board
-               else "") + f" {note} |")
+            + (board_cell(r) if board else "") + f" {note} |")
     if board:
-        from .tables import BOARD_NOTE
-
         lines += ["", BOARD_NOTE]
     if report.get("peer"):
         lines += ["", f"NVIDIA sol_attn: {report['peer']}"]
@@ -661,9 +660,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-bf16", action="store_true", help="skip the BF16 Sol rows")
     p.add_argument("--taus", type=float, nargs="*", default=[1.0],
                    help="Sol rows (and NVIDIA's) at these taus too")
-    p.add_argument("--board-s", type=float, default=1.0,
-                   help="seconds of back-to-back calls per row while SM clock and board power "
-                        "are sampled (nvidia-smi; 0: not sampled)")
+    add_board_argument(p, 1.0)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run of the plumbing (set TRITON_INTERPRET=1)")
     p.add_argument("--json", default=None)
@@ -679,8 +676,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--heads and --rows must be >= 1")
     if args.sweep_rounds < 1:
         raise ValueError(f"--sweep-rounds: {args.sweep_rounds} < 1")
-    if not 0 <= args.board_s <= 60:
-        raise ValueError(f"--board-s: {args.board_s} (seconds per row, 0 to 60)")
+    check_board_s(args.board_s)
 
 
 def parse_checked(argv, prog: str, description: str, add, check) -> argparse.Namespace:

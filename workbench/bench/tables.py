@@ -55,6 +55,32 @@ def _fmt(x, spec: str) -> str:
     return format(x, spec) if isinstance(x, (int, float)) and x == x else ""
 
 
+BOARD_HEADER = " SM MHz / board W |"  # the column of the rows' clock / power samples
+BOARD_S_MAX = 60.0
+
+
+def board_cell(row: dict) -> str:
+    """The row's " MHz / W |" cell (empty halves where it has no samples)."""
+    return f" {_fmt(row.get('sm_mhz'), '.0f')} / {_fmt(row.get('power_w'), '.0f')} |"
+
+
+def board_text(row: dict) -> str:
+    """"  1800 MHz 690 W" for a log or text line, "" where the row has no samples."""
+    return f"  {row['sm_mhz']:.0f} MHz {row['power_w']:.0f} W" if "sm_mhz" in row else ""
+
+
+def add_board_argument(p, default: float) -> None:
+    """--board-s of the benches that sample the board (``harness.board_under_load``)."""
+    p.add_argument("--board-s", type=float, default=default,
+                   help="seconds of back-to-back calls per row while SM clock and board power "
+                        "are sampled (nvidia-smi; 0: not sampled)")
+
+
+def check_board_s(board_s: float) -> None:
+    if not 0 <= board_s <= BOARD_S_MAX:
+        raise ValueError(f"--board-s: {board_s} (seconds per row, 0 to {BOARD_S_MAX:g})")
+
+
 def markdown(report: dict, *, rows: int = 64) -> str:
     """One table per shape: time, TFLOP/s, ratio vs the run's fastest BF16 peer, peak memory,
     accuracy; under each table which peer the ratio is against and what the accuracy means."""
@@ -75,12 +101,11 @@ def markdown(report: dict, *, rows: int = 64) -> str:
         board = any("sm_mhz" in r for r in rs)  # older reports have no clock / power samples
         lines += ["", f"Shape {shape}, bf16 inputs with per-channel K/V bias, non-causal:", "",
                   f"| variant | mode | ms | TFLOP/s | x {bname} | peak extra GiB | rel-L2 vs f64 "
-                  "| torch emu rel-L2 |" + (" SM MHz / board W |" if board else "") + " note |",
+                  "| torch emu rel-L2 |" + (BOARD_HEADER if board else "") + " note |",
                   "|---|---|---|---|---|---|---|---|" + ("---|" if board else "") + "---|"]
         for r in (r for r in rs if r["mode"] in TIMED):
             ratio = f"{base['ms'] / r['ms']:.2f}" if base else ""
-            clock = (f" {_fmt(r.get('sm_mhz'), '.0f')} / {_fmt(r.get('power_w'), '.0f')} |"
-                     if board else "")
+            clock = board_cell(r) if board else ""
             lines.append(
                 f"| {r['variant']} | {r['mode']} | {r['ms']:.3f} | {_fmt(r['tflops'], '.0f')} | "
                 f"{ratio} | {r['peak_gib']:.2f} | {_fmt(r['rel_l2'], '.3e')} | "
@@ -110,10 +135,8 @@ def summary(report: dict) -> str:
         for r in rs:
             if r["mode"] in TIMED:
                 ratio = f"x{base['ms'] / r['ms']:.3f}" if base else ""
-                board = (f"  {r['sm_mhz']:.0f} MHz {r['power_w']:.0f} W" if "sm_mhz" in r
-                         else "")
                 out.append(f"  {r['variant'][:44]:44s} {r['mode']:6s} {r['ms']:9.3f} ms "
-                           f"{ratio:>7s} relL2 {_fmt(r['rel_l2'], '.3e')}{board}")
+                           f"{ratio:>7s} relL2 {_fmt(r['rel_l2'], '.3e')}{board_text(r)}")
     return "\n".join(out)
 
 
