@@ -119,11 +119,24 @@ def compile_ws_lists(overrides: dict):
     from workbench.kernels.attention_fp8_ws import MAXNREG
     from workbench.kernels.attention_fp8_ws_lists import _fp8_attn_ws_lists_kernel as ws
 
+    from triton.experimental.gluon import language as gl
+
     summary = bool(overrides.get("summary", True))
+    # Sol's summary route as E4M3 tiles in this kernel instead of its own pass
+    tiles = summary and overrides.get("summary_kernel") == "fp8_tiles"
+    merge = summary and not tiles
     types = _ws_types(64, 64) + ["*i32", "*i32", "i32", "i32", "i32"]  # lists, N_QB, N_KB, N_BH
-    types += ["*fp32", "*fp32"] if summary else ["constexpr", "constexpr"]  # SUM_O, SUM_ML
+    types += ["*fp32", "*fp32"] if merge else ["constexpr", "constexpr"]  # SUM_O, SUM_ML
     types += ["*i32", "i32"]  # ORDER, ORDER_STRIDE
-    cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=summary)
+    if tiles:  # the kc8 / vc8^T descriptors, SKC, EXACT
+        f8 = gl.float8e4nv
+        lk = gl.NVMMASharedLayout.get_default_for([64, 128], f8)
+        lv = gl.NVMMASharedLayout.get_default_for([128, 64], f8)
+        types += [f"tensordesc<fp8e4nv[64, 128],{lk!r}>",
+                  f"tensordesc<fp8e4nv[128, 64],{lv!r}>", "*fp32", "*u8"]
+    else:
+        types += ["constexpr"] * 4
+    cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=merge, SUM_TILES=tiles)
     kernel = _compile_gluon(ws, types, cst, divisibility=True)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
 
@@ -250,6 +263,7 @@ def sass_counts(kernel, tag: str, out_dir: str = "/tmp/sass") -> dict:
     m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res, re.S)
     counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass)) for op in OPS}
     counts["main_loop"] = main_loop_counts(sass)
+    counts["tile_loops"] = tile_loops(sass)
     # warp-specialized kernels: the per-partition register counts (setmaxnreg in the PTX)
     counts["setmaxnreg"] = sorted({int(x) for x in re.findall(
         r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])})
@@ -258,15 +272,36 @@ def sass_counts(kernel, tag: str, out_dir: str = "/tmp/sass") -> dict:
             "shared": kernel.metadata.shared, **counts}
 
 
-def main_loop_counts(sass: str) -> dict:
-    """Instruction counts of the key-tile main loop: the smallest backward branch range that
-    holds the 8 QGMMAs of one tile (4 for Q K^T, 4 for P @ V). Returns {"loop": total, op: n}."""
+def _instructions(sass: str) -> tuple[list[int], list[str]]:
+    """(addresses, instructions without their predicates) of a cuobjdump SASS listing."""
     addr, ops = [], []
     for line in sass.splitlines():
         m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if m:
             addr.append(int(m.group(1), 16))
             ops.append(re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2).strip()))
+    return addr, ops
+
+
+def tile_loops(sass: str) -> list[list[int]]:
+    """[instructions, spill loads + stores] of every backward-branch range holding one tile's
+    8 QGMMAs (each consumer's exact-tile loop, and its summary-tile loop where there is one)."""
+    addr, ops = _instructions(sass)
+    loops = []
+    for a, ins in zip(addr, ops):
+        m = re.match(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", ins)
+        if not m or int(m.group(1), 16) >= a:
+            continue
+        body = [o for x, o in zip(addr, ops) if int(m.group(1), 16) <= x <= a]
+        if sum(o.startswith("QGMMA") for o in body) == 8:
+            loops.append([len(body), sum(o.startswith(("STL", "LDL")) for o in body)])
+    return loops
+
+
+def main_loop_counts(sass: str) -> dict:
+    """Instruction counts of the key-tile main loop: the smallest backward branch range that
+    holds the 8 QGMMAs of one tile (4 for Q K^T, 4 for P @ V). Returns {"loop": total, op: n}."""
+    addr, ops = _instructions(sass)
     best = None
     for a, ins in zip(addr, ops):
         m = re.match(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", ins)

@@ -96,6 +96,23 @@ def test_warp_specialized_list_kernel_compiles_as_measured():
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
+def test_list_kernel_with_summary_tiles_compiles_without_loop_spills():
+    """Sol's summary route as E4M3 tiles of the exact-tile kernel (``summary_kernel=
+    "fp8_tiles"``): each consumer's exact-tile loop as without them (8 QGMMA, <= 500
+    instructions) and a summary-tile loop of <= 540 (the bias add from shared memory is the
+    difference), neither spilling (ptxas spills 92 B at the consumers' entry and in the peeled
+    last summary tile, once per query block), the bias slots within one SM's shared memory."""
+    st, = sass_stats({"schedule": "warp_specialized", "sparse": True,
+                      "summary_kernel": "fp8_tiles"})
+    assert st["shared"] <= 227 * 1024 and {24, 160, 168} <= set(st["setmaxnreg"]), st
+    assert st["main_loop"]["QGMMA"] == 8 and st["main_loop"]["loop"] <= 500, st["main_loop"]
+    loops = [loop for loop in st["tile_loops"] if loop[0] <= 540]
+    exact = [n for n, _ in loops if n <= 500]
+    assert len(exact) >= 3 and len(loops) - len(exact) >= 3, st["tile_loops"]
+    assert all(spills == 0 for _, spills in loops), st["tile_loops"]
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
 def test_gluon_summary_pass_compiles_four_per_sm():
     """Sol's summary pass in Gluon (``summary_gluon``): at most 128 registers without spills or
     wgmma serialization and about 48 KB of shared memory, so four programs share an SM (the Triton

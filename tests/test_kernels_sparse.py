@@ -268,6 +268,17 @@ hopper = pytest.mark.skipif(
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
     ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
+    # Sol's summary route as E4M3 tiles of that kernel: one tile with a short last block, two
+    # tiles ending on a full one (8192 = 128 blocks of 64), a denser route; with a scaled P the
+    # route falls back to its own pass
+    ((4111, 4, 2, 128), "fp8_sol_kv_corrected",
+     SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
+    ((8192, 2, 2, 128), "fp8_sol_kv_corrected",
+     SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
+    ((8192, 2, 1, 128), "fp8_sol_kv_corrected:sol_threshold=diag,sol_tau=0.3",
+     SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
+    ((2000, 4, 2, 128), "fp8_sol_kv_corrected:p_scaling=exp2_offset8",
+     SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
 ])
 def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
     S, H, Hkv, D = shape
@@ -298,6 +309,27 @@ def test_gpu_prefix_blocks_skipped_without_lse_same_output(name):
     skipped = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
     print(f"GPU prefix skip {name}: {int((full != skipped).sum())} of {full.numel()} differ")
     assert torch.equal(full, skipped)
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_summary_tiles_skip_prefix_blocks_and_keep_the_lse():
+    """Sol's summary route as E4M3 tiles (``summary_kernel="fp8_tiles"``): the output without
+    the LSE (4 prefix blocks of 65 skipped) equals the LSE-writing call's bitwise, and its LSE
+    is the summary pass's to 0.02 (the route's operands in E4M3 instead of BF16)."""
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=3, prefix=(14, 300), device="cuda")
+    name = "fp8_sol_kv_corrected"
+    tiles = DEFAULT.with_sparse(summary_kernel="fp8_tiles", kv_splits=1)  # the list kernel
+    full, lse = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, return_lse=True,
+                                              config=tiles)
+    skipped = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=tiles)
+    pass_cfg = DEFAULT.with_sparse(kv_splits=1, summary_kernel="gluon")
+    _, lse_pass = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, return_lse=True,
+                                                config=pass_cfg)
+    diff = float((lse - lse_pass).abs().max())
+    print(f"GPU summary tiles: {int((full != skipped).sum())} differ without the LSE; LSE max "
+          f"|diff| vs the pass {diff:.2e}")
+    assert torch.equal(full, skipped) and lse.isfinite().all() and 0 < diff < 0.02
 
 
 @pytest.mark.gpu
@@ -355,8 +387,10 @@ def test_gpu_every_block_exact_is_the_dense_kernel_bitwise():
 
 @pytest.mark.gpu
 @hopper
-def test_gpu_h3_rows_sol_against_the_emulation():
-    """8 heads of the synthetic H3 input at its full length: Sol at tau = 1 on 256 rows."""
+@pytest.mark.parametrize("summary_kernel", ["gluon", "fp8_tiles"])
+def test_gpu_h3_rows_sol_against_the_emulation(summary_kernel):
+    """8 heads of the synthetic H3 input at its full length: Sol at tau = 1 on 256 rows, the
+    summary route as its own pass or as E4M3 tiles of the exact-tile kernel."""
     from workbench.synthetic import H3_SYNTHETIC
 
     q, k, v = (t.contiguous() for t in synthetic_qkv(H3_SYNTHETIC, heads=range(8),
@@ -365,9 +399,11 @@ def test_gpu_h3_rows_sol_against_the_emulation():
     idx = evenly_spaced_rows(q.shape[1], 256).cuda()
     ref, _ = dense_attention_f64(q, k, v, query_index=idx)
     emu = recipe_attention(q, k, v, "fp8_sol_kv_corrected", query_index=idx, layout=layout)
-    out = dispatch.fp8_recipe_attention(q, k, v, "fp8_sol_kv_corrected", layout=layout)
+    cfg = replace(DEFAULT, sparse=replace(DEFAULT.sparse, summary_kernel=summary_kernel))
+    out = dispatch.fp8_recipe_attention(q, k, v, "fp8_sol_kv_corrected", layout=layout,
+                                        config=cfg)
     e_k, e_e = rel_l2(out[:, idx], ref), rel_l2(emu.out, ref)
-    print(f"GPU H3 8 heads: kernel {e_k:.4e} emulation {e_e:.4e} density "
+    print(f"GPU H3 8 heads ({summary_kernel}): kernel {e_k:.4e} emulation {e_e:.4e} density "
           f"{emu.exact_fraction:.4f}")
     assert e_k <= 1.25 * e_e and math.isfinite(e_k)
 

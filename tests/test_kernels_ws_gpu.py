@@ -173,7 +173,9 @@ def test_ws_lists_kernel_matches_programs_kernel(name, S, Hkv, ws_calls):
     # the CTAs' query blocks in sequence order and sorted by list length: the same rows
     for schedule, grouping in (("rows", "consecutive"), ("warp_specialized", "consecutive"),
                                ("warp_specialized", "by_length")):
-        sp = SparseConfig(kv_splits=1, schedule=schedule, ws_grouping=grouping)
+        # the summary route as its own pass: the programs kernel's (the bits compared)
+        sp = SparseConfig(kv_splits=1, schedule=schedule, ws_grouping=grouping,
+                          summary_kernel="gluon")
         outs.append(fp8_attention_fwd(qkv, num_heads=H, scale=128**-0.5, routing=route,
                                       sparse=sp, return_lse=True, row_start=layout.prefix_len,
                                       out=torch.full_like(q, 7.0),

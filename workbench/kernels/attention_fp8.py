@@ -705,7 +705,16 @@ def fp8_attention_fwd(
     if sp is None:
         launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
     else:
-        if sp.sum_o is not None:  # Sol's summary route as its own pass, in grid order
+        from . import attention_fp8_ws_lists as ws_lists
+
+        ws = ws_lists.applies(qkv, sparse, sp.splits, c)  # the exact tiles, warp-specialized
+        # Sol's summary route as E4M3 tiles of that kernel (SparseConfig.summary_kernel)
+        summary = sp.summary_constexprs is not None
+        tiles = ws and summary and sparse.summary_kernel == "fp8_tiles" and p_scaling == "unit"
+        if summary and not tiles:  # Sol's summary route as its own pass: the state it hands
+            # to the exact-tile launch, acc [B*H, S_pad, D] and (m * qs, l) [2, B*H, S_pad]
+            sp.sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=out.device)
+            sp.sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=out.device)
             from . import summary_gluon
 
             if summary_gluon.applies(qkv, sparse, interp):
@@ -719,14 +728,15 @@ def fp8_attention_fwd(
                                                                        sp.sum_ml)
                 launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True),
                        None)
-        from . import attention_fp8_ws_lists as ws_lists
-
-        if ws_lists.applies(qkv, sparse, sp.splits, c):  # the exact tiles, warp-specialized
+        if ws:
+            summary = ws_lists.summary_tiles(qkv, routing) if tiles else None
             ws_lists.fp8_attention_ws_lists(qkv, routing, out=out, lse=lse, scale=scale,
                                             row_start=row_start, out_f32=out_f32,
                                             p_log2_scale=P_LOG2_SCALES[p_scaling],
-                                            sum_o=sp.sum_o, sum_ml=sp.sum_ml,
-                                            stages=c.num_stages, grouping=sparse.ws_grouping)
+                                            sum_o=None if tiles else sp.sum_o,
+                                            sum_ml=None if tiles else sp.sum_ml,
+                                            stages=c.num_stages, grouping=sparse.ws_grouping,
+                                            summary=summary)
         else:
             launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
     if sp and sp.splits > 1:
@@ -753,7 +763,7 @@ class _SparseLaunch:
     part_o: torch.Tensor | None
     part_ml: torch.Tensor | None
     # the summary pass (Sol): its flags and the state it hands to the exact-tile pass,
-    # acc [B*H, S_pad, D] and (m * qs, l) [2, B*H, S_pad]
+    # acc [B*H, S_pad, D] and (m * qs, l) [2, B*H, S_pad] (allocated where the pass runs)
     summary_constexprs: dict | None = None
     sum_o: torch.Tensor | None = None
     sum_ml: torch.Tensor | None = None
@@ -775,7 +785,7 @@ class _SparseLaunch:
         splits = sparse.splits_for(B * H * nq, n_sms)
         cst = dict(SPARSE=True)
         kc = vcs = lens = order = part_o = part_ml = None
-        sum_cst = sum_o = sum_ml = None
+        sum_cst = None
         if routing.kc is not None:  # Sol's summary route
             kc = routing.kc.contiguous()
             vcs = (routing.vc / qkv.v_scale[:, :, None, :]).contiguous()  # s_v: the epilogue's
@@ -785,8 +795,6 @@ class _SparseLaunch:
             # its own pass (config.SparseConfig says why); the exact-tile pass merges its state
             sum_cst = dict(SPARSE=True, SUMMARY=True, SUM_CHUNK=sparse.summary_chunk,
                            SUM_PREC=sparse.summary_precision)
-            sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=dev)
-            sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=dev)
             cst["INIT_SUMMARY"] = True
         if sparse.schedule == "heavy_first":
             # list rows bh * nq + i, the longest exact list first (stable: ties in grid order)
@@ -802,7 +810,7 @@ class _SparseLaunch:
             part_ml = torch.empty((2, splits, B * H, S_pad), dtype=torch.float32, device=dev)
         args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, kc, vcs, lens,
                 part_o, part_ml, nq, nk)
-        return cls(launch, args, cst, splits, part_o, part_ml, sum_cst, sum_o, sum_ml)
+        return cls(launch, args, cst, splits, part_o, part_ml, sum_cst)
 
 
 def default_scale(d: int) -> float:

@@ -22,11 +22,24 @@ registers 24 / 160 / 160 / 168 (``setmaxnreg``).
 Taken for one KV part (``SparseConfig.kv_splits`` 1), E4M3 operands, head dim 128, TMA boxes
 (``SparseConfig.schedule="warp_specialized"``) and the attention tiling it implements (128 keys
 per tile, flush "fma" after <= 128 terms, two slots: three rings of three slots would need 312 KB
-of shared memory); otherwise the programs kernel runs. Sol's summary route stays its own pass
-(``summary_gluon`` or the Triton kernel's; in this kernel, after each consumer's exact tiles, it
-measured slower: commit 1e33a5d, ``config.SparseConfig``). Gluon does not run in the
-interpreter: the CPU tests compile it for sm_90a, the GPU tests compare it with the Triton
-kernel.
+of shared memory); otherwise the programs kernel runs.
+
+Sol's summary route (``SparseConfig.summary_kernel``): by default ("fp8_tiles", ``SUM_TILES``)
+each consumer runs it after its exact tiles as E4M3 tiles through the same ring: every key block
+of the head in tiles of 128 (``summary_tiles``: the block means kc / skc, one scale per head, as
+the K boxes; the block sums vc / (256 s_v) as the V^T boxes, so P = 2^(s - m + 8) in E4M3 keeps
+the weights out of E4M3's subnormals), a consumer's exact blocks masked by a score bias of -inf
+that the producer writes into shared memory from ``routing.exact``; the row sum adds each
+weight times its block's rows in FP32. Where this kernel does not run, or with a scaled P, the
+route is its own pass (``summary_gluon`` or the Triton kernel's), whose state this kernel
+merges (``INIT_SUMMARY``). The twin's route is FP32; E4M3 operands moved the H3 anchor's error
+against float64 from 6.493e-3 (the BF16 pass) to 6.499e-3 (twin 6.501e-3), and on the CPU twin
+the weights without the 2^8 factor gave 6.860e-3 (BENCHMARKS.md). A BF16 route inside the
+consumers (commit 1e33a5d: Q in BF16 and gathered kc / vc chunks in the ring) measured slower
+than its own pass.
+
+Gluon does not run in the interpreter: the CPU tests compile it for sm_90a, the GPU tests
+compare it with the Triton kernel and float64.
 
 Shapes: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B, Hkv, D, S_pad]; lists BLOCKS
 [B * H * N_QB, N_KB] (ascending exact key blocks, ``COUNTS`` entries each, at least one); ORDER
@@ -35,6 +48,9 @@ permutation of its query blocks.
 """
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -47,6 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .attention_fp8_ws import (
     CONSUMER_REGS,
@@ -105,6 +122,52 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
 
 
 @gluon.jit
+def _produce_sum(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, ready,
+                 empty, kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, exrow):
+    """``_produce`` with Sol's summary tiles (``SUM_TILES``): running tile i of consumer c is
+    its exact tile i (blocks in `pair`) for i < n_all, then summary tile i - n_all: the kc8
+    rows and vc8^T columns of 128 key blocks, and the tile's score bias (0, or -inf for a block
+    of the consumer's exact list and past the sequence: its flags in ``routing.exact``, row
+    `exrow`) stored into shared memory before the arrive that completes the slot."""
+    STAGES: gl.constexpr = ready.shape[0] // 3
+    lst, cnt, n_all, n_full, runs, _ = lists[c]
+    tot = gl.where(runs, n_sum + n_all, 0)
+    nxt = pair
+    if i < tot:
+        slot = c * STAGES + i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        nbytes: gl.constexpr = 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        rb = ready.index(slot)
+        if i >= n_all:
+            u = i - n_all
+            bl: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+            jb = u * 128 + gl.arange(0, 128, layout=bl)
+            ex = gl.load(exrow + jb, mask=jb < N_KB, other=1)
+            bias_smem.index(slot).store(gl.where(ex != 0, float("-inf"), 0.0))
+            mbarrier.expect(rb, nbytes)
+            tma.async_copy_global_to_shared(ks_desc, [ksbase + u * 128, 0], rb,
+                                            k_smem.index(2 * slot))
+            tma.async_copy_global_to_shared(ks_desc, [ksbase + u * 128 + 64, 0], rb,
+                                            k_smem.index(2 * slot + 1))
+            tma.async_copy_global_to_shared(vs_desc, [vbase, u * 128], rb,
+                                            v_smem.index(2 * slot))
+            tma.async_copy_global_to_shared(vs_desc, [vbase, u * 128 + 64], rb,
+                                            v_smem.index(2 * slot + 1))
+        else:
+            mbarrier.expect(rb, nbytes)
+            nxt = _pair(lst, cnt, n_all, i + 1)
+            j0, j1 = pair
+            tma.async_copy_global_to_shared(k_desc, [kbase + j0 * 64, 0], rb,
+                                            k_smem.index(2 * slot))
+            tma.async_copy_global_to_shared(k_desc, [kbase + j1 * 64, 0], rb,
+                                            k_smem.index(2 * slot + 1))
+            tma.async_copy_global_to_shared(v_desc, [vbase, j0 * 64], rb, v_smem.index(2 * slot))
+            tma.async_copy_global_to_shared(v_desc, [vbase, j1 * 64], rb,
+                                            v_smem.index(2 * slot + 1))
+    return nxt
+
+
+@gluon.jit
 def _query_block(c: gl.constexpr, args):
     """Consumer c's query block: entry pid_q0 + c of its head's ORDER (the last entry again for
     a consumer past the end, whose list is then empty)."""
@@ -132,7 +195,8 @@ def _row_list(c: gl.constexpr, args, WRITE_LSE: gl.constexpr):
 
 @gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
+              SUM_TILES: gl.constexpr):
     """The producer warp (the consumers' signature: warp_specialize's worker partitions share
     one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -145,7 +209,6 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
                                         q_bar, q_smem.index(c))
     lists = (_row_list(0, args, WRITE_LSE), _row_list(1, args, WRITE_LSE),
              _row_list(2, args, WRITE_LSE))
-    n_max = gl.maximum(lists[0][2], gl.maximum(lists[1][2], lists[2][2]))
     kbase = bhk * S_pad
     vbase = bhk * HEAD_D
     # round robin over the consumers, each a tile at a time: their rings fill together; each
@@ -153,13 +216,33 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     p0 = _pair(lists[0][0], lists[0][1], lists[0][2], 0)
     p1 = _pair(lists[1][0], lists[1][1], lists[1][2], 0)
     p2 = _pair(lists[2][0], lists[2][1], lists[2][2], 0)
-    for i in range(n_max):
-        p0 = _produce(0, i, p0, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
-                      vbase)
-        p1 = _produce(1, i, p1, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
-                      vbase)
-        p2 = _produce(2, i, p2, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
-                      vbase)
+    if SUM_TILES:
+        # after a consumer's exact tiles its ring takes Sol's summary tiles, n_sum each
+        N_QB, N_KB, ks_desc, vs_desc, EXACT, bias_smem = (args[30], args[31], args[39],
+                                                          args[40], args[42], args[43])
+        n_sum = gl.cdiv(N_KB, 128)
+        ksbase = bhk * n_sum * 128
+        t0 = gl.where(lists[0][4], n_sum + lists[0][2], 0)
+        t1 = gl.where(lists[1][4], n_sum + lists[1][2], 0)
+        t2 = gl.where(lists[2][4], n_sum + lists[2][2], 0)
+        x0 = EXACT + (bh * N_QB + lists[0][5]).to(gl.int64) * N_KB
+        x1 = EXACT + (bh * N_QB + lists[1][5]).to(gl.int64) * N_KB
+        x2 = EXACT + (bh * N_QB + lists[2][5]).to(gl.int64) * N_KB
+        for i in range(gl.maximum(t0, gl.maximum(t1, t2))):
+            p0 = _produce_sum(0, i, p0, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x0)
+            p1 = _produce_sum(1, i, p1, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x1)
+            p2 = _produce_sum(2, i, p2, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x2)
+    else:
+        for i in range(gl.maximum(lists[0][2], gl.maximum(lists[1][2], lists[2][2]))):
+            p0 = _produce(0, i, p0, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
+                          vbase)
+            p1 = _produce(1, i, p1, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
+                          vbase)
+            p2 = _produce(2, i, p2, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
+                          vbase)
     # the Q boxes have landed before the CTA ends, also when no consumer ran (three blocks of
     # dense-prefix rows) and so none waited for them
     mbarrier.wait(q_bar, 0)
@@ -215,6 +298,52 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
 
 
 @gluon.jit
+def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.constexpr,
+              PERM_P: gl.constexpr, LAST: gl.constexpr):
+    """Summary tile u (running tile t) of consumer c: key blocks 128 u .. 128 u + 127 by their
+    E4M3 mean keys kc8 (one scale skc per head) and value sums vc8 = vc / (256 s_v); the
+    producer put the tile's score bias in shared memory (0, or -inf for an exact block and past
+    the sequence). P = 2^(s - m + 8) = 256 w in E4M3 for the product with vc8; the row sum
+    adds w times the block's rows (64; the sequence's last block fewer) in FP32."""
+    k_smem, v_smem, ready, empty, S, N_KB = args[4], args[5], args[7], args[8], args[15], args[31]
+    bias_smem = args[43]
+    STAGES: gl.constexpr = ready.shape[0] // 3
+    HEAD_D: gl.constexpr = k_smem.shape[2]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    cols: gl.constexpr = gl.SliceLayout(0, mma)
+    slot = c * STAGES + t % STAGES
+    k_pairs = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] // 2, 128, HEAD_D],
+                                  k_smem.layout)
+    mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+    z = gl.zeros([64, 128], gl.float32, mma)
+    raw = warpgroup_mma(q, k_pairs.index(slot).permute((1, 0)), z, use_acc=False,
+                        is_async=True)
+    raw = warpgroup_mma_wait(0, deps=(raw,))
+    raw = raw + bias_smem.index(slot).load(cols)[None, :]
+    m_cand = gl.maximum(m_i, gl.max(raw, axis=1) * skc)
+    mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
+    p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),
+                       -gl.broadcast((mq - 8.0)[:, None], raw)[0]))
+    ls = gl.sum(p, axis=1)
+    if LAST:  # the tile of the sequence's last block: its rows are fewer
+        jb = u * 128 + gl.arange(0, 128, layout=cols)
+        short = (64 - (S - 64 * (N_KB - 1))).to(gl.float32) * (1.0 / 64.0)
+        ls = ls - gl.sum(gl.where((jb == N_KB - 1)[None, :], p, 0.0), axis=1) * short
+    l_i = l_i * alpha + ls * 0.25  # 64 rows per block / 256
+    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float8e4nv), [64, 2, 64]), (0, 2, 1)))
+    p0 = _p_operand(p0, a_layout, PERM_P)
+    p1 = _p_operand(p1, a_layout, PERM_P)
+    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
+    pv = warpgroup_mma(p0, v_smem.index(2 * slot).permute((1, 0)), zo, use_acc=False,
+                       is_async=True)
+    pv = warpgroup_mma(p1, v_smem.index(2 * slot + 1).permute((1, 0)), pv, is_async=True)
+    pv = warpgroup_mma_wait(0, deps=(pv,))
+    mbarrier.arrive(empty.index(slot), count=1)
+    acc = acc * alpha[:, None] + pv
+    return acc, l_i, m_cand
+
+
+@gluon.jit
 def _blocks(lst, cnt, n_all, i, args):
     """(j0, j1, s0, s1): tile i's key blocks (``_pair``) and their K scales."""
     SK, skbase = args[10], args[32]
@@ -224,7 +353,8 @@ def _blocks(lst, cnt, n_all, i, args):
 
 @gluon.jit
 def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
+              SUM_TILES: gl.constexpr):
     """Consumer c: the query block of entry pid_q0 + c of the head's ORDER (nothing past the
     last entry, nor for a block of dense-prefix rows: ``_row_list``)."""
     (q_smem, q_bar, SQ, S_pad, n_scale, bh, qk_scale_log2, N_BH, SUM_O, SUM_ML) = (
@@ -251,6 +381,14 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         if n_full < n_all:
             acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, blocks, cnt, c,
                                          args, mma, P_LOG2_SCALE, PERM_P)
+        if SUM_TILES:  # Sol's summary tiles after the exact ones (m_i is finite by then)
+            n_sum = gl.cdiv(args[31], 128)
+            skc = gl.load(args[41] + args[19])
+            for u in range(n_sum - 1):
+                acc, l_i, m_i = _sum_tile(u, n_all + u, acc, l_i, m_i, q, qs, skc, c, args, mma,
+                                          PERM_P, False)
+            acc, l_i, m_i = _sum_tile(n_sum - 1, n_all + n_sum - 1, acc, l_i, m_i, q, qs, skc,
+                                      c, args, mma, PERM_P, True)
         r0 = qb * 64
         if INIT_SUMMARY:
             # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
@@ -274,9 +412,10 @@ def _fp8_attn_ws_lists_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
     BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML, ORDER, ORDER_STRIDE,
+    ks_desc, vs_desc, SKC, EXACT,
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
-    INIT_SUMMARY: gl.constexpr,
+    INIT_SUMMARY: gl.constexpr, SUM_TILES: gl.constexpr = False,
 ):
     """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0)."""
     HEAD_D: gl.constexpr = k_desc.block_type.shape[1]
@@ -291,6 +430,9 @@ def _fp8_attn_ws_lists_kernel(
     # per consumer STAGES slots of two K boxes and two V boxes: [(c * STAGES + slot) * 2 + half]
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [6 * STAGES, 64, HEAD_D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [6 * STAGES, HEAD_D, 64], v_desc.layout)
+    if SUM_TILES:  # each slot's summary-tile score bias (``_produce_sum``)
+        bias_smem = gl.allocate_shared_memory(gl.float32, [3 * STAGES, 128],
+                                              gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
@@ -301,18 +443,25 @@ def _fp8_attn_ws_lists_kernel(
     fence_async_shared()
     # the dense kernel's 28 arguments first (its epilogue helper reads them), then the lists':
     # 28 BLOCKS, 29 COUNTS, 30 N_QB, 31 N_KB, 32 the K scales' offset, 33 N_BH, 34 SUM_O,
-    # 35 SUM_ML, 36 the CTA's first ORDER entry, 37 ORDER, 38 ORDER_STRIDE
+    # 35 SUM_ML, 36 the CTA's first ORDER entry, 37 ORDER, 38 ORDER_STRIDE; Sol's summary
+    # tiles: 39 / 40 the kc8 / vc8^T descriptors, 41 SKC, 42 EXACT, 43 the bias slots
     args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
             stride_ob, stride_os, stride_oh, row_start,
             BLOCKS, COUNTS, N_QB, N_KB, bhk * n_scale, N_BH, SUM_O, SUM_ML, pid_q0, ORDER,
             ORDER_STRIDE)
+    if SUM_TILES:
+        args = args + (ks_desc, vs_desc, SKC, EXACT, bias_smem)
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
     gl.warp_specialize([
-        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
-        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
-        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
-        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY)),
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
+                     SUM_TILES)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
+                     SUM_TILES)),
+        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
+                     SUM_TILES)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
+                     SUM_TILES)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
@@ -330,28 +479,83 @@ def query_order(counts: torch.Tensor, grouping: str) -> torch.Tensor:
     raise ValueError(f"grouping: {grouping!r}; choose 'consecutive' or 'by_length'")
 
 
+@dataclass(frozen=True)
+class SummaryTiles:
+    """Sol's summary route as E4M3 tiles of the exact-tile kernel (``summary_tiles``).
+
+    kc8 [B, Hkv, nk_pad, D]: kc / skc, skc [B, Hkv] = max |kc| / 448 (one scale per head);
+    vc8t [B, Hkv, D, nk_pad]: (vc / (256 s_v))^T, V's channel scales s_v (|vc| <= 64 x 448 s_v,
+    so the codes stay below 112), its columns in P's register order when ``qkv.v_perm``;
+    nk_pad = the key blocks rounded up to 128 (zeros past them)."""
+
+    kc8: torch.Tensor
+    vc8t: torch.Tensor
+    skc: torch.Tensor
+
+
+@functools.lru_cache(maxsize=8)
+def _block_order(n: int, perm: bool, device: str) -> torch.Tensor:
+    """``quantize.v_token_order`` on the device, once per length (a host copy per call would
+    make the host wait for the stream)."""
+    from .quantize import v_token_order
+
+    return v_token_order(n, perm).to(device)
+
+
+def summary_tiles(qkv, routing) -> SummaryTiles:
+    """The E4M3 summary operands of a Sol routing (kc, vc: FP32 [B, Hkv, nk, D], centred with
+    the quantizer's means) for ``fp8_attention_ws_lists(summary=...)``."""
+    B, Hkv, nk, D = routing.kc.shape
+    nk_pad = -(-nk // 128) * 128
+    f8 = torch.float8_e4m3fn
+    dev = routing.kc.device
+    skc = (routing.kc.abs().amax(dim=(-2, -1)) / 448.0).clamp_min(1e-30)
+    kc8 = torch.zeros((B, Hkv, nk_pad, D), dtype=f8, device=dev)
+    kc8[:, :, :nk] = (routing.kc / skc[..., None, None]).to(f8)
+    vc8t = torch.zeros((B, Hkv, D, nk_pad), dtype=f8, device=dev)
+    vc8t[..., :nk] = (routing.vc / (256.0 * qkv.v_scale[:, :, None, :])).transpose(-1, -2).to(f8)
+    if qkv.v_perm:
+        vc8t = vc8t[..., _block_order(nk_pad, True, str(dev))].contiguous()
+    return SummaryTiles(kc8, vc8t, skc.reshape(-1).contiguous())
+
+
 def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: int,
                            out_f32: bool, p_log2_scale: float, sum_o=None, sum_ml=None,
-                           stages: int = 2, grouping: str = "by_length"):
+                           stages: int = 2, grouping: str = "by_length",
+                           summary: SummaryTiles | None = None):
     """The exact tiles of block-sparse attention on the warp-specialized schedule, into `out`
-    (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge;
-    grouping: which query blocks share a CTA (``query_order``)."""
+    (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge, or
+    ``summary``: Sol's summary route as E4M3 tiles after each consumer's exact tiles (unit P
+    scaling; ``SparseConfig.summary_kernel="fp8_tiles"``); grouping: which query blocks share a
+    CTA (``query_order``)."""
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     nq, nk = routing.exact.shape[-2:]
     order = query_order(routing.counts, grouping)
     qd, kd, vd = descriptors(qkv, block_n=64)  # one 64-token box per key block
     grid = (triton.cdiv(nq, CONSUMERS), B * H)
+    tiles = (None,) * 4
+    if summary is not None:
+        if p_log2_scale != 0.0 or sum_o is not None:
+            raise ValueError("summary tiles: unit P scaling only, and no summary-pass state")
+        f8 = gl.float8e4nv
+        nk_pad = summary.kc8.shape[2]
+        ks = TensorDescriptor.from_tensor(summary.kc8.view(-1, D), [64, D],
+                                          gl.NVMMASharedLayout.get_default_for([64, D], f8))
+        vs = TensorDescriptor.from_tensor(summary.vc8t.view(-1, nk_pad), [D, 64],
+                                          gl.NVMMASharedLayout.get_default_for([D, 64], f8))
+        tiles = (ks, vs, summary.skc, routing.exact.contiguous().view(torch.uint8))
     _fp8_attn_ws_lists_kernel[grid](
         qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,
         qkv.seq_len, S_pad, H, H // Hkv, row_start, scale * LOG2E,
         out.stride(0), out.stride(1), out.stride(2),
         routing.blocks.contiguous(), routing.counts.contiguous(), nq, nk, B * H,
-        sum_o, sum_ml, order, order.stride(0) if order.shape[0] > 1 else 0,
+        sum_o, sum_ml, order, order.stride(0) if order.shape[0] > 1 else 0, *tiles,
         STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
         PERM_P=bool(qkv.v_perm), WRITE_LSE=lse is not None, OUT_F32=out_f32,
-        INIT_SUMMARY=sum_o is not None, num_warps=4, maxnreg=MAXNREG,
+        INIT_SUMMARY=sum_o is not None, SUM_TILES=summary is not None, num_warps=4,
+        maxnreg=MAXNREG,
     )
     return out, lse
 

@@ -134,7 +134,7 @@ class StatsConfig:
 SCHEDULES = ("rows", "heavy_first", "warp_specialized")
 WS_GROUPINGS = ("consecutive", "by_length")
 SUMMARY_PRECISIONS = ("bf16", "tf32", "ieee")
-SUMMARY_KERNELS = ("gluon", "triton")
+SUMMARY_KERNELS = ("gluon", "triton", "fp8_tiles")
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,16 @@ class SparseConfig:
     (2026-12-01): the pass 1.49-1.50 ms against 1.55-1.58, the same output bits; whole calls
     within the interleaved rounds' spread (10.48 vs 10.62 and 10.70 vs 10.47 ms, 7 rounds each).
     Sharing each chunk among a CTA's three query blocks was slower (commit c2419c8).
+    "fp8_tiles" (default): no pass; the warp-specialized exact-tile kernel runs the route as
+    E4M3 tiles after each consumer's exact tiles, every key block in 128-block tiles, a
+    consumer's exact blocks masked by a score bias (``attention_fp8_ws_lists.summary_tiles``:
+    kc / skc with one scale per head, vc / (256 s_v), P = 2^(s - m + 8); unit P scaling; where
+    that kernel does not run, "gluon"). No summary state goes through memory (1.9 GB less HBM
+    traffic and 0.94 GB less peak memory at the H3 shape). H200, H3 shape, same runs
+    (2026-12-01): whole calls at Sol tau 1 (density 0.149) 10.026 / 9.967 ms against 10.206 /
+    10.356 for the Gluon pass (medians of 7 / 11 interleaved rounds), at tau 1.247 (density
+    0.10) 8.009 vs 8.519, at tau 0.36 (density 0.35) 17.807 vs 17.621; rel-L2 vs float64 at
+    tau 1 6.499e-3 against 6.493e-3 (the twin's FP32 route: 6.501e-3).
     ws_grouping: which three query blocks of a head share a CTA of the warp-specialized exact
     tiles: "consecutive" (sequence order) or "by_length" (sorted by exact-list length, longest
     first: the CTA's time is its longest list, and at Sol tau 1 on synthetic H3 inputs the three
@@ -207,7 +217,7 @@ class SparseConfig:
     tma: bool = True
     maxnreg: int | None = 168
     ws_grouping: str = "by_length"
-    summary_kernel: str = "gluon"
+    summary_kernel: str = "fp8_tiles"
 
     def __post_init__(self) -> None:
         if self.ws_grouping not in WS_GROUPINGS:

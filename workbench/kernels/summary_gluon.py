@@ -168,10 +168,11 @@ def _summary_kernel(Q8, SQ, BLOCKS, COUNTS, KC, VCS, SUM_O, SUM_ML,
 
 
 def takes(sparse) -> bool:
-    """Whether a ``SparseConfig`` asks for this kernel: ``summary_kernel="gluon"`` with BF16
+    """Whether a ``SparseConfig`` asks for this kernel: ``summary_kernel="gluon"`` (or
+    "fp8_tiles" where the exact-tile kernel cannot take the route) with BF16
     summary operands in chunks of 16 or 32 blocks (the part of ``applies`` that needs no
     operands; scripts/sass_stats.py compiles by it)."""
-    return (sparse.summary_kernel == "gluon" and sparse.summary_precision == "bf16"
+    return (sparse.summary_kernel in ("gluon", "fp8_tiles") and sparse.summary_precision == "bf16"
             and sparse.summary_chunk in (16, 32))
 
 
