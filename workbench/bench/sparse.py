@@ -227,6 +227,7 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("heavy-first work list", base.with_sparse(schedule="heavy_first")),
         ("kv_splits 2", base.with_sparse(kv_splits=2)),
         ("gathered loads", base.with_sparse(tma=False)),
+        ("summary route as its own pass (Gluon)", base.with_sparse(summary_kernel="gluon")),
         ("summary pass in Triton", base.with_sparse(summary_kernel="triton")),
         ("summary chunk 16", base.with_sparse(summary_chunk=16)),
         ("summary chunk 64 (the Triton pass takes it)", base.with_sparse(summary_chunk=64)),
