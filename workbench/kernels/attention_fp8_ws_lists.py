@@ -249,6 +249,26 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
 
 
 @gluon.jit
+def _pv_flush(p, alpha, acc, slot, args, mma: gl.constexpr, PERM_P: gl.constexpr):
+    """The tile's P [64, 128] (FP32, rounded here to E4M3) @ V: two products of 64 keys (the
+    slot's two V^T boxes) into a fresh accumulator, the slot released, then the flush
+    acc * alpha + pv."""
+    v_smem, empty = args[5], args[8]
+    HEAD_D: gl.constexpr = v_smem.shape[1]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float8e4nv), [64, 2, 64]), (0, 2, 1)))
+    p0 = _p_operand(p0, a_layout, PERM_P)
+    p1 = _p_operand(p1, a_layout, PERM_P)
+    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
+    pv = warpgroup_mma(p0, v_smem.index(2 * slot).permute((1, 0)), zo, use_acc=False,
+                       is_async=True)
+    pv = warpgroup_mma(p1, v_smem.index(2 * slot + 1).permute((1, 0)), pv, is_async=True)
+    pv = warpgroup_mma_wait(0, deps=(pv,))
+    mbarrier.arrive(empty.index(slot), count=1)
+    return acc * alpha[:, None] + pv
+
+
+@gluon.jit
 def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
                  c: gl.constexpr, args, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
                  PERM_P: gl.constexpr):
@@ -257,11 +277,10 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
     K boxes lie one after the other in shared memory, so Q K^T is one 128-key product (the same
     values as two 64-key ones: each score is its own dot product); the per-half maxima and row
     sums keep the Triton kernel's order."""
-    k_smem, v_smem, ready, empty, S = args[4], args[5], args[7], args[8], args[15]
+    k_smem, ready, S = args[4], args[7], args[15]
     j0, j1, s0, s1 = blocks
     STAGES: gl.constexpr = ready.shape[0] // 3
     HEAD_D: gl.constexpr = k_smem.shape[2]
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     slot = c * STAGES + i % STAGES
     e = 2 * i
     k_pairs = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] // 2, 128, HEAD_D],
@@ -284,17 +303,7 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
     p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
     ls = gl.sum(gl.where(half0, p, 0.0), axis=1) + gl.sum(gl.where(half0, 0.0, p), axis=1)
     l_i = l_i * alpha + ls
-    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float8e4nv), [64, 2, 64]), (0, 2, 1)))
-    p0 = _p_operand(p0, a_layout, PERM_P)
-    p1 = _p_operand(p1, a_layout, PERM_P)
-    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
-    pv = warpgroup_mma(p0, v_smem.index(2 * slot).permute((1, 0)), zo, use_acc=False,
-                       is_async=True)
-    pv = warpgroup_mma(p1, v_smem.index(2 * slot + 1).permute((1, 0)), pv, is_async=True)
-    pv = warpgroup_mma_wait(0, deps=(pv,))
-    mbarrier.arrive(empty.index(slot), count=1)
-    acc = acc * alpha[:, None] + pv
-    return acc, l_i, m_cand
+    return _pv_flush(p, alpha, acc, slot, args, mma, PERM_P), l_i, m_cand
 
 
 @gluon.jit
@@ -305,11 +314,9 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     producer put the tile's score bias in shared memory (0, or -inf for an exact block and past
     the sequence). P = 2^(s - m + 8) = 256 w in E4M3 for the product with vc8; the row sum
     adds w times the block's rows (64; the sequence's last block fewer) in FP32."""
-    k_smem, v_smem, ready, empty, S, N_KB = args[4], args[5], args[7], args[8], args[15], args[31]
-    bias_smem = args[43]
+    k_smem, ready, S, N_KB, bias_smem = args[4], args[7], args[15], args[31], args[43]
     STAGES: gl.constexpr = ready.shape[0] // 3
     HEAD_D: gl.constexpr = k_smem.shape[2]
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     slot = c * STAGES + t % STAGES
     k_pairs = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] // 2, 128, HEAD_D],
@@ -330,17 +337,7 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
         short = (64 - (S - 64 * (N_KB - 1))).to(gl.float32) * (1.0 / 64.0)
         ls = ls - gl.sum(gl.where((jb == N_KB - 1)[None, :], p, 0.0), axis=1) * short
     l_i = l_i * alpha + ls * 0.25  # 64 rows per block / 256
-    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float8e4nv), [64, 2, 64]), (0, 2, 1)))
-    p0 = _p_operand(p0, a_layout, PERM_P)
-    p1 = _p_operand(p1, a_layout, PERM_P)
-    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
-    pv = warpgroup_mma(p0, v_smem.index(2 * slot).permute((1, 0)), zo, use_acc=False,
-                       is_async=True)
-    pv = warpgroup_mma(p1, v_smem.index(2 * slot + 1).permute((1, 0)), pv, is_async=True)
-    pv = warpgroup_mma_wait(0, deps=(pv,))
-    mbarrier.arrive(empty.index(slot), count=1)
-    acc = acc * alpha[:, None] + pv
-    return acc, l_i, m_cand
+    return _pv_flush(p, alpha, acc, slot, args, mma, PERM_P), l_i, m_cand
 
 
 @gluon.jit
