@@ -249,6 +249,23 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
 
 
 @gluon.jit
+def _qk_scores(t, q, c: gl.constexpr, args, mma: gl.constexpr):
+    """(Q K^T [64, 128] FP32, the ring slot) of consumer c's running tile t: wait for the slot,
+    then one 128-key product of the slot's two K boxes (adjacent in shared memory)."""
+    k_smem, ready = args[4], args[7]
+    STAGES: gl.constexpr = ready.shape[0] // 3
+    HEAD_D: gl.constexpr = k_smem.shape[2]
+    slot = c * STAGES + t % STAGES
+    k_pairs = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] // 2, 128, HEAD_D],
+                                  k_smem.layout)
+    mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+    z = gl.zeros([64, 128], gl.float32, mma)
+    raw = warpgroup_mma(q, k_pairs.index(slot).permute((1, 0)), z, use_acc=False,
+                        is_async=True)
+    return warpgroup_mma_wait(0, deps=(raw,)), slot
+
+
+@gluon.jit
 def _pv_flush(p, alpha, acc, slot, args, mma: gl.constexpr, PERM_P: gl.constexpr):
     """The tile's P [64, 128] (FP32, rounded here to E4M3) @ V: two products of 64 keys (the
     slot's two V^T boxes) into a fresh accumulator, the slot released, then the flush
@@ -277,19 +294,10 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
     K boxes lie one after the other in shared memory, so Q K^T is one 128-key product (the same
     values as two 64-key ones: each score is its own dot product); the per-half maxima and row
     sums keep the Triton kernel's order."""
-    k_smem, ready, S = args[4], args[7], args[15]
+    S = args[15]
     j0, j1, s0, s1 = blocks
-    STAGES: gl.constexpr = ready.shape[0] // 3
-    HEAD_D: gl.constexpr = k_smem.shape[2]
-    slot = c * STAGES + i % STAGES
     e = 2 * i
-    k_pairs = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] // 2, 128, HEAD_D],
-                                  k_smem.layout)
-    mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
-    z = gl.zeros([64, 128], gl.float32, mma)
-    raw = warpgroup_mma(q, k_pairs.index(slot).permute((1, 0)), z, use_acc=False,
-                        is_async=True)
-    raw = warpgroup_mma_wait(0, deps=(raw,))
+    raw, slot = _qk_scores(i, q, c, args, mma)
     offs = gl.arange(0, 128, layout=gl.SliceLayout(0, mma))
     half0 = (offs < 64)[None, :]
     if MASK_KEYS:
@@ -314,18 +322,9 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     producer put the tile's score bias in shared memory (0, or -inf for an exact block and past
     the sequence). P = 2^(s - m + 8) = 256 w in E4M3 for the product with vc8; the row sum
     adds w times the block's rows (64; the sequence's last block fewer) in FP32."""
-    k_smem, ready, S, N_KB, bias_smem = args[4], args[7], args[15], args[31], args[43]
-    STAGES: gl.constexpr = ready.shape[0] // 3
-    HEAD_D: gl.constexpr = k_smem.shape[2]
+    S, N_KB, bias_smem = args[15], args[31], args[43]
     cols: gl.constexpr = gl.SliceLayout(0, mma)
-    slot = c * STAGES + t % STAGES
-    k_pairs = k_smem._reinterpret(k_smem.dtype, [k_smem.shape[0] // 2, 128, HEAD_D],
-                                  k_smem.layout)
-    mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-    z = gl.zeros([64, 128], gl.float32, mma)
-    raw = warpgroup_mma(q, k_pairs.index(slot).permute((1, 0)), z, use_acc=False,
-                        is_async=True)
-    raw = warpgroup_mma_wait(0, deps=(raw,))
+    raw, slot = _qk_scores(t, q, c, args, mma)
     raw = raw + bias_smem.index(slot).load(cols)[None, :]
     m_cand = gl.maximum(m_i, gl.max(raw, axis=1) * skc)
     mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
