@@ -173,6 +173,37 @@ def test_prefix_blocks_skipped_without_lse_same_output(name):
         assert torch.equal(skipped[:, :layout.prefix_len], ref)
 
 
+@cpu_only
+def test_summary_tiles_round_the_route_operands_as_documented():
+    """The E4M3 operands of Sol's summary route as tiles of the list kernel (``summary_tiles``,
+    host side): kc8 * skc and vc8 * 256 s_v decode to the routing's FP32 block means and sums
+    within E4M3's rounding (half a step: 1/16 of the value, or the subnormal step), skc puts
+    each head's largest |kc| at 448, vc's codes stay within 64 x 448 / 256 = 112, nothing past
+    the key blocks, and V^T's columns are in P's register order (``quantize.v_token_order``)."""
+    from workbench.kernels.attention_fp8_ws_lists import summary_tiles
+    from workbench.kernels.quantize import v_token_order
+
+    q, k, v, layout = synthetic(1000, 2, 1, 128, seed=5)
+    qkv, route = operands(q, k, v, get_recipe("fp8_sol_kv_corrected"), layout)
+    t = summary_tiles(qkv, route)
+    B, Hkv, nk, D = route.kc.shape
+    assert nk == 16 and t.kc8.shape == (B, Hkv, 128, D) and t.vc8t.shape == (B, Hkv, D, 128)
+    skc = t.skc.view(B, Hkv, 1, 1)
+    kc = t.kc8[:, :, :nk].float() * skc
+    assert bool(((kc - route.kc).abs() <= route.kc.abs() / 16 + skc * 2**-9).all())
+    peak = route.kc.abs().amax(dim=(-2, -1)) / t.skc.view(B, Hkv)
+    assert float((peak - 448).abs().max()) < 1e-3, peak
+    assert float(t.kc8[:, :, nk:].float().abs().max()) == 0
+    natural = torch.empty_like(t.vc8t)
+    natural[..., v_token_order(128, qkv.v_perm)] = t.vc8t
+    codes = natural.float()
+    assert qkv.v_perm and 0 < float(codes.abs().max()) <= 112
+    assert float(codes[..., nk:].abs().max()) == 0
+    step = 256 * qkv.v_scale[:, :, None, :]
+    vc = codes[..., :nk].transpose(-1, -2) * step
+    assert bool(((vc - route.vc).abs() <= route.vc.abs() / 16 + step * 2**-9).all())
+
+
 def test_sparse_config_rules_and_refusals():
     assert SparseConfig().splits_for(28560, 132) == 1  # H3: 72 waves of 3 programs per SM
     assert SparseConfig().splits_for(500, 132) == 2 and SparseConfig().splits_for(50, 132) == 4
