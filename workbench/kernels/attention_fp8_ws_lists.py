@@ -479,7 +479,7 @@ def query_order(counts: torch.Tensor, grouping: str) -> torch.Tensor:
 class SummaryTiles:
     """Sol's summary route as E4M3 tiles of the exact-tile kernel (``summary_tiles``).
 
-    kc8 [B, Hkv, nk_pad, D]: kc / skc, skc [B, Hkv] = max |kc| / 448 (one scale per head);
+    kc8 [B, Hkv, nk_pad, D]: kc / skc, skc [B * Hkv] = max |kc| / 448 (one scale per head);
     vc8t [B, Hkv, D, nk_pad]: (vc / (256 s_v))^T, V's channel scales s_v (|vc| <= 64 x 448 s_v,
     so the codes stay below 112), its columns in P's register order when ``qkv.v_perm``;
     nk_pad = the key blocks rounded up to 128 (zeros past them)."""
