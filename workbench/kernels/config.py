@@ -157,8 +157,9 @@ class SparseConfig:
     summary_precision: the operands of the summary route's two products q . kc and w @ vc, both
     accumulated in FP32: "bf16" (tensor cores, 8-bit mantissas; Q's E4M3 codes are exact), "tf32"
     (tensor cores, 10-bit mantissas) or "ieee" (FP32 FMAs, the twin's arithmetic).
-    Sol's summary route runs as its own launch that hands its softmax state (acc, m, l) to the
-    exact-tile launch, which then keeps the dense loop's register budget. Run after the exact
+    Where the warp-specialized list kernel does not take it (``summary_kernel``), Sol's summary
+    route runs as its own launch that hands its softmax state (acc, m, l) to the exact-tile
+    launch, which then keeps the dense loop's register budget. Run after the exact
     tiles in the same program (commit 116e606 has it), its operands next to the accumulator need
     more than 168 registers: with the cap ptxas spills and serializes every wgmma, without it
     two programs fit an SM instead of three (H200, density 0.149: 17.09 vs 16.06 ms). Inside
