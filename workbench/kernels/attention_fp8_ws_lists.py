@@ -99,6 +99,16 @@ def _pair(lst, cnt, n_all, i):
 
 
 @gluon.jit
+def _load_slot(k_desc, v_desc, k_rows, v_cols, vbase, rb, k_smem, v_smem, slot):
+    """Two K boxes (rows k_rows) and two V^T boxes (columns v_cols of rows from vbase) into the
+    slot's two halves, their bytes completing on barrier rb."""
+    tma.async_copy_global_to_shared(k_desc, [k_rows[0], 0], rb, k_smem.index(2 * slot))
+    tma.async_copy_global_to_shared(k_desc, [k_rows[1], 0], rb, k_smem.index(2 * slot + 1))
+    tma.async_copy_global_to_shared(v_desc, [vbase, v_cols[0]], rb, v_smem.index(2 * slot))
+    tma.async_copy_global_to_shared(v_desc, [vbase, v_cols[1]], rb, v_smem.index(2 * slot + 1))
+
+
+@gluon.jit
 def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
              kbase, vbase):
     """Tile i of consumer c (its blocks in `pair`); returns the blocks of tile i + 1, whose
@@ -112,12 +122,8 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(slot), 2 * (k_desc.block_type.nbytes
                                                 + v_desc.block_type.nbytes))
-        rb = ready.index(slot)
-        tma.async_copy_global_to_shared(k_desc, [kbase + j0 * 64, 0], rb, k_smem.index(2 * slot))
-        tma.async_copy_global_to_shared(k_desc, [kbase + j1 * 64, 0], rb,
-                                        k_smem.index(2 * slot + 1))
-        tma.async_copy_global_to_shared(v_desc, [vbase, j0 * 64], rb, v_smem.index(2 * slot))
-        tma.async_copy_global_to_shared(v_desc, [vbase, j1 * 64], rb, v_smem.index(2 * slot + 1))
+        _load_slot(k_desc, v_desc, (kbase + j0 * 64, kbase + j1 * 64), (j0 * 64, j1 * 64),
+                   vbase, ready.index(slot), k_smem, v_smem, slot)
     return nxt
 
 
@@ -145,25 +151,14 @@ def _produce_sum(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem
             ex = gl.load(exrow + jb, mask=jb < N_KB, other=1)
             bias_smem.index(slot).store(gl.where(ex != 0, float("-inf"), 0.0))
             mbarrier.expect(rb, nbytes)
-            tma.async_copy_global_to_shared(ks_desc, [ksbase + u * 128, 0], rb,
-                                            k_smem.index(2 * slot))
-            tma.async_copy_global_to_shared(ks_desc, [ksbase + u * 128 + 64, 0], rb,
-                                            k_smem.index(2 * slot + 1))
-            tma.async_copy_global_to_shared(vs_desc, [vbase, u * 128], rb,
-                                            v_smem.index(2 * slot))
-            tma.async_copy_global_to_shared(vs_desc, [vbase, u * 128 + 64], rb,
-                                            v_smem.index(2 * slot + 1))
+            _load_slot(ks_desc, vs_desc, (ksbase + u * 128, ksbase + u * 128 + 64),
+                       (u * 128, u * 128 + 64), vbase, rb, k_smem, v_smem, slot)
         else:
             mbarrier.expect(rb, nbytes)
             nxt = _pair(lst, cnt, n_all, i + 1)
             j0, j1 = pair
-            tma.async_copy_global_to_shared(k_desc, [kbase + j0 * 64, 0], rb,
-                                            k_smem.index(2 * slot))
-            tma.async_copy_global_to_shared(k_desc, [kbase + j1 * 64, 0], rb,
-                                            k_smem.index(2 * slot + 1))
-            tma.async_copy_global_to_shared(v_desc, [vbase, j0 * 64], rb, v_smem.index(2 * slot))
-            tma.async_copy_global_to_shared(v_desc, [vbase, j1 * 64], rb,
-                                            v_smem.index(2 * slot + 1))
+            _load_slot(k_desc, v_desc, (kbase + j0 * 64, kbase + j1 * 64), (j0 * 64, j1 * 64),
+                       vbase, rb, k_smem, v_smem, slot)
     return nxt
 
 
