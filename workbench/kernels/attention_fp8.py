@@ -682,7 +682,8 @@ def fp8_attention_fwd(
     cap = c.maxnreg if routing is None else sparse.maxnreg
     pv_fma = c.flush == "fma"
     grid = (triton.cdiv(S, c.block_m), B * H)
-    sp = _SparseLaunch.build(qkv, routing, sparse, c, grid) if routing is not None else None
+    sp = (_SparseLaunch.build(qkv, routing, sparse, c, grid, p_scaling)
+          if routing is not None else None)
 
     def launch(launch_grid, args, constexprs, maxnreg):
         extra = {"maxnreg": maxnreg} if maxnreg else {}
@@ -705,14 +706,8 @@ def fp8_attention_fwd(
     if sp is None:
         launch(grid, (None,) * 8 + (0, 0, B * H, None, None), {}, cap)
     else:
-        from . import attention_fp8_ws_lists as ws_lists
-
-        ws = ws_lists.applies(qkv, sparse, sp.splits, c)  # the exact tiles, warp-specialized
-        # Sol's summary route as E4M3 tiles of that kernel (SparseConfig.summary_kernel)
-        summary = sp.summary_constexprs is not None
-        tiles = ws and summary and sparse.summary_kernel == "fp8_tiles" and p_scaling == "unit"
-        if summary and not tiles:  # Sol's summary route as its own pass: the state it hands
-            # to the exact-tile launch, acc [B*H, S_pad, D] and (m * qs, l) [2, B*H, S_pad]
+        if sp.summary_constexprs is not None:  # Sol's summary route as its own pass; the
+            # state it hands to the exact-tiles: acc [B*H, S_pad, D], (m * qs, l) [2, B*H, S_pad]
             sp.sum_o = torch.empty((B * H, S_pad, D), dtype=torch.float32, device=out.device)
             sp.sum_ml = torch.empty((2, B * H, S_pad), dtype=torch.float32, device=out.device)
             from . import summary_gluon
@@ -728,15 +723,16 @@ def fp8_attention_fwd(
                                                                        sp.sum_ml)
                 launch(grid + (1,), sum_args, dict(sp.summary_constexprs, SUMMARY_ONLY=True),
                        None)
-        if ws:
-            summary = ws_lists.summary_tiles(qkv, routing) if tiles else None
+        if sp.ws:  # the exact tiles, warp-specialized
+            from . import attention_fp8_ws_lists as ws_lists
+
+            tiles = ws_lists.summary_tiles(qkv, routing) if sp.tiles else None
             ws_lists.fp8_attention_ws_lists(qkv, routing, out=out, lse=lse, scale=scale,
                                             row_start=row_start, out_f32=out_f32,
                                             p_log2_scale=P_LOG2_SCALES[p_scaling],
-                                            sum_o=None if tiles else sp.sum_o,
-                                            sum_ml=None if tiles else sp.sum_ml,
+                                            sum_o=sp.sum_o, sum_ml=sp.sum_ml,
                                             stages=c.num_stages, grouping=sparse.ws_grouping,
-                                            summary=summary)
+                                            summary=tiles)
         else:
             launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
     if sp and sp.splits > 1:
@@ -767,9 +763,12 @@ class _SparseLaunch:
     summary_constexprs: dict | None = None
     sum_o: torch.Tensor | None = None
     sum_ml: torch.Tensor | None = None
+    ws: bool = False  # the exact tiles in the warp-specialized kernel (attention_fp8_ws_lists)
+    tiles: bool = False  # Sol's summary route as E4M3 tiles of that kernel (no pass)
 
     @classmethod
-    def build(cls, qkv, routing, sparse: SparseConfig, c: AttentionConfig, grid):
+    def build(cls, qkv, routing, sparse: SparseConfig, c: AttentionConfig, grid,
+              p_scaling: str = "unit"):
         B, H, S_pad, D = qkv.q8.shape
         nq, nk = routing.exact.shape[-2:]
         if routing.block != 64 or c.block_m != 64:
@@ -783,10 +782,16 @@ class _SparseLaunch:
         n_sms = (torch.cuda.get_device_properties(dev).multi_processor_count
                  if dev.type == "cuda" else 132)
         splits = sparse.splits_for(B * H * nq, n_sms)
+        from . import attention_fp8_ws_lists as ws_lists
+
+        ws = ws_lists.applies(qkv, sparse, splits, c)
+        # Sol's summary route as E4M3 tiles of the warp-specialized kernel, or its own pass
+        tiles = (ws and routing.kc is not None and sparse.summary_kernel == "fp8_tiles"
+                 and p_scaling == "unit")
         cst = dict(SPARSE=True)
         kc = vcs = lens = order = part_o = part_ml = None
         sum_cst = None
-        if routing.kc is not None:  # Sol's summary route
+        if routing.kc is not None and not tiles:  # Sol's summary route as its own pass
             kc = routing.kc.contiguous()
             vcs = (routing.vc / qkv.v_scale[:, :, None, :]).contiguous()  # s_v: the epilogue's
             if sparse.summary_precision == "bf16":  # the kernel's rounding, done once here
@@ -810,7 +815,7 @@ class _SparseLaunch:
             part_ml = torch.empty((2, splits, B * H, S_pad), dtype=torch.float32, device=dev)
         args = (routing.blocks.contiguous(), routing.counts.contiguous(), order, kc, vcs, lens,
                 part_o, part_ml, nq, nk)
-        return cls(launch, args, cst, splits, part_o, part_ml, sum_cst)
+        return cls(launch, args, cst, splits, part_o, part_ml, sum_cst, ws=ws, tiles=tiles)
 
 
 def default_scale(d: int) -> float:

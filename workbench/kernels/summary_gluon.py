@@ -45,12 +45,22 @@ from .attention_fp8_ws import LOG2E, _row_bias
 MAXNREG = 128  # four 128-thread programs per SM
 
 
+# the gather's layout: a chunk's [CHUNK, HEAD_D] rows, 8 consecutive elements per thread
+_GATHER = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
+                                        warps_per_cta=[4, 1], order=[1, 0]))
+
+
+@gluon.jit
+def _chunk_index(k, CHUNK: gl.constexpr):
+    """The list positions of chunk k past the exact entries (k * CHUNK ..), one per row of the
+    gather's layout."""
+    return k * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, _GATHER))
+
+
 @gluon.jit
 def _chunk_entries(k, lst, cnt, n_sum, CHUNK: gl.constexpr):
     """Chunk k's list entries (cnt + k * CHUNK ..; 0 past the list) in the gather's layout."""
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
-                                        warps_per_cta=[4, 1], order=[1, 0])
-    ci = k * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, ld))
+    ci = _chunk_index(k, CHUNK)
     return gl.load(lst + cnt + ci, mask=ci < n_sum, other=0)
 
 
@@ -65,12 +75,9 @@ def _gather_chunk(k, js, bufs, jbuf, lst, cnt, n_sum, KC, VCS, kvbase, CHUNK: gl
     (commit 77d15e8 + the next). The entries for the addresses come a chunk ahead, so that no
     global load's latency stands between one chunk and the next: 1.323 / 1.171 / 1.425 against
     1.441 / 1.277 / 1.574 ms at Sol tau 1 / 0.36 / 1.25 (H3 shape, H200, 2026-12-01)."""
-    ld: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16],
-                                        warps_per_cta=[4, 1], order=[1, 0])
-    ci = k * CHUNK + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, ld))
-    ok = ci < n_sum
+    ok = _chunk_index(k, CHUNK) < n_sum
     rows = (kvbase + js)[:, None] * HEAD_D \
-        + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, ld))[None, :]
+        + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, _GATHER))[None, :]
     async_copy.async_copy_global_to_shared(bufs.index(k % 2), KC + rows, mask=ok[:, None])
     async_copy.async_copy_global_to_shared(bufs.index(2 + k % 2), VCS + rows, mask=ok[:, None])
     lj: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
