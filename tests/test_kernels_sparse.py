@@ -179,8 +179,9 @@ def test_summary_tiles_round_the_route_operands_as_documented():
     host side): kc8 * skc and vc8 * 256 s_v decode to the routing's FP32 block means and sums
     within E4M3's rounding (half a step: 1/16 of the value, or the subnormal step), skc puts
     each head's largest |kc| at 448, vc's codes stay within 64 x 448 / 256 = 112, nothing past
-    the key blocks, and V^T's columns are in P's register order (``quantize.v_token_order``)."""
-    from workbench.kernels.attention_fp8_ws_lists import summary_tiles
+    the key blocks, and V^T's columns are in P's register order (``quantize.v_token_order``);
+    the kernel (one launch) gives its torch twin's values."""
+    from workbench.kernels.attention_fp8_ws_lists import summary_tiles, summary_tiles_torch
     from workbench.kernels.quantize import v_token_order
 
     q, k, v, layout = synthetic(1000, 2, 1, 128, seed=5)
@@ -202,6 +203,12 @@ def test_summary_tiles_round_the_route_operands_as_documented():
     step = 256 * qkv.v_scale[:, :, None, :]
     vc = codes[..., :nk].transpose(-1, -2) * step
     assert bool(((vc - route.vc).abs() <= route.vc.abs() / 16 + step * 2**-9).all())
+    # the kernel's operands are its torch twin's values (a zero's sign may differ: the
+    # interpreter's explicit rounding gives +0 where torch's cast keeps -0)
+    twin = summary_tiles_torch(qkv, route)
+    for name in ("kc8", "vc8t"):
+        assert torch.equal(getattr(t, name).float(), getattr(twin, name).float()), name
+    assert torch.equal(t.skc, twin.skc)
 
 
 def test_sparse_config_rules_and_refusals():

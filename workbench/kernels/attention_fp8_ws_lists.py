@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -75,6 +76,8 @@ from .attention_fp8_ws import (
     _store_rows,
     descriptors,
 )
+from .e4m3 import interpreting
+from .quantize import INV_448, _to_e4m3, _v_src_token
 
 
 @gluon.jit
@@ -495,7 +498,27 @@ def _block_order(n: int, perm: bool, device: str) -> torch.Tensor:
 
 def summary_tiles(qkv, routing) -> SummaryTiles:
     """The E4M3 summary operands of a Sol routing (kc, vc: FP32 [B, Hkv, nk, D], centred with
-    the quantizer's means) for ``fp8_attention_ws_lists(summary=...)``."""
+    the quantizer's means) for ``fp8_attention_ws_lists(summary=...)``: one launch of
+    ``_summary_operands_kernel`` (a program per head); ``summary_tiles_torch`` is its twin (the
+    same values)."""
+    B, Hkv, nk, D = routing.kc.shape
+    nk_pad = -(-nk // 128) * 128
+    f8 = torch.float8_e4m3fn
+    dev = routing.kc.device
+    kc8 = torch.empty((B, Hkv, nk_pad, D), dtype=f8, device=dev)
+    vc8t = torch.empty((B, Hkv, D, nk_pad), dtype=f8, device=dev)
+    skc = torch.empty((B * Hkv,), dtype=torch.float32, device=dev)
+    interp = interpreting()
+    _summary_operands_kernel[(B * Hkv,)](
+        routing.kc.contiguous(), routing.vc.contiguous(), qkv.v_scale.contiguous(), kc8, vc8t,
+        skc, nk, nk_pad, HEAD_D=D, ROWS=32, PERM=bool(qkv.v_perm), SCALE_RECIP=not interp,
+        HW_ROUND=not interp, num_warps=4,
+    )
+    return SummaryTiles(kc8, vc8t, skc)
+
+
+def summary_tiles_torch(qkv, routing) -> SummaryTiles:
+    """``summary_tiles`` in torch (about a dozen launches; the kernel's twin in the tests)."""
     B, Hkv, nk, D = routing.kc.shape
     nk_pad = -(-nk // 128) * 128
     f8 = torch.float8_e4m3fn
@@ -508,6 +531,49 @@ def summary_tiles(qkv, routing) -> SummaryTiles:
     if qkv.v_perm:
         vc8t = vc8t[..., _block_order(nk_pad, True, str(dev))].contiguous()
     return SummaryTiles(kc8, vc8t, skc.reshape(-1).contiguous())
+
+
+@triton.jit
+def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD,
+                             HEAD_D: tl.constexpr, ROWS: tl.constexpr, PERM: tl.constexpr,
+                             SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
+    """Program bh = one (batch, kv head): skc = max(max |kc| / 448, 1e-30), then per ROWS key
+    blocks kc8 = E4M3(kc / skc) and vc8^T's columns E4M3(vc / (256 s_v)), column j holding block
+    ``_v_src_token(j, PERM)``, zeros past NK. KC, VC [B * Hkv, NK, D] FP32; VS [B * Hkv, D];
+    KC8 [B * Hkv, NK_PAD, D], VC8T [B * Hkv, D, NK_PAD] E4M3; SKC [B * Hkv] FP32. The divisions
+    round as torch's do on the same device (``quantize.block_quant`` says how)."""
+    bh = tl.program_id(0)
+    d = tl.arange(0, HEAD_D)
+    r = tl.arange(0, ROWS)
+    # `while`, not `for`: run-time `for` bounds fail in triton 3.6's interpreter
+    amax = tl.zeros([ROWS, HEAD_D], tl.float32)
+    r0 = 0
+    while r0 < NK:
+        j = r0 + r
+        x = tl.load(KC + (bh * NK + j)[:, None] * HEAD_D + d[None, :], mask=(j < NK)[:, None],
+                    other=0.0)
+        amax = tl.maximum(amax, tl.abs(x))
+        r0 += ROWS
+    amax = tl.max(tl.max(amax, axis=1), axis=0)
+    if SCALE_RECIP:
+        skc = tl.maximum(amax * INV_448, 1e-30)
+    else:
+        skc = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1e-30)
+    tl.store(SKC + bh, skc)
+    sv = 256.0 * tl.load(VS + bh * HEAD_D + d)
+    r0 = 0
+    while r0 < NK_PAD:
+        j = r0 + r
+        x = tl.load(KC + (bh * NK + j)[:, None] * HEAD_D + d[None, :], mask=(j < NK)[:, None],
+                    other=0.0)
+        _, k8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(skc, x.shape)), HW_ROUND)
+        tl.store(KC8 + (bh * NK_PAD + j)[:, None] * HEAD_D + d[None, :], k8)
+        src = _v_src_token(j, PERM)
+        y = tl.load(VC + (bh * NK + src)[:, None] * HEAD_D + d[None, :],
+                    mask=(src < NK)[:, None], other=0.0)
+        _, v8 = _to_e4m3(tl.math.div_rn(y, tl.broadcast_to(sv[None, :], y.shape)), HW_ROUND)
+        tl.store(VC8T + (bh * HEAD_D + d[None, :]) * NK_PAD + j[:, None], v8)
+        r0 += ROWS
 
 
 def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: int,
