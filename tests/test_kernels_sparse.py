@@ -161,8 +161,9 @@ def test_kv_parts_summary_precisions_and_schedules_agree():
 def test_prefix_blocks_skipped_without_lse_same_output(name):
     """Without an LSE the FP8 programs of query blocks made only of dense-prefix rows return at
     once (their rows are the BF16 prefix rows'): the output is bitwise the one of the call that
-    writes the LSE and so runs them, also in the summary pass and with two KV parts; with a
-    prefix of 150 rows, two of seven 64-row blocks are skipped."""
+    writes the LSE and so runs them, also in the summary pass and with two KV parts (whose
+    combine pass skips those blocks too: their parts are never written); with a prefix of 150
+    rows, two of seven 64-row blocks are skipped."""
     q, k, v, layout = synthetic(420, 2, 1, 64, seed=4, prefix=(30, 120))
     for cfg in (DEFAULT, DEFAULT.with_sparse(kv_splits=2)):
         full, _ = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, return_lse=True,

@@ -591,9 +591,13 @@ def _combine_kernel(PART_O, PART_ML, VS, VC, OUT, LSE, S, S_pad, H, GROUP, row_s
                     INTERPRET: tl.constexpr):
     """Merge the KV_SPLITS parts of every row: M = max of the parts' row maxes (log2 units),
     acc = sum 2^(m_s - M) acc_s, l = sum 2^(m_s - M) l_s, then the epilogue of the one-part
-    kernel. Grid (S / BLOCK_M, B * H)."""
+    kernel. Grid (S / BLOCK_M, B * H). Blocks of dense-prefix rows that the parts skipped
+    (no LSE asked) are skipped here too: their parts were never written."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
+    if not WRITE_LSE:
+        if (pid_m + 1) * BLOCK_M <= row_start:
+            return
     b = bh // H
     h = bh % H
     bhk = b * (H // GROUP) + h // GROUP
