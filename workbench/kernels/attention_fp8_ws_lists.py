@@ -49,7 +49,6 @@ permutation of its query blocks.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -77,7 +76,7 @@ from .attention_fp8_ws import (
     descriptors,
 )
 from .e4m3 import interpreting
-from .quantize import INV_448, _to_e4m3, _v_src_token
+from .quantize import INV_448, _to_e4m3, _v_src_token, v_token_order
 
 
 @gluon.jit
@@ -487,15 +486,6 @@ class SummaryTiles:
     skc: torch.Tensor
 
 
-@functools.lru_cache(maxsize=8)
-def _block_order(n: int, perm: bool, device: str) -> torch.Tensor:
-    """``quantize.v_token_order`` on the device, once per length (a host copy per call would
-    make the host wait for the stream)."""
-    from .quantize import v_token_order
-
-    return v_token_order(n, perm).to(device)
-
-
 def summary_tiles(qkv, routing) -> SummaryTiles:
     """The E4M3 summary operands of a Sol routing (kc, vc: FP32 [B, Hkv, nk, D], centred with
     the quantizer's means) for ``fp8_attention_ws_lists(summary=...)``: one launch of
@@ -529,7 +519,7 @@ def summary_tiles_torch(qkv, routing) -> SummaryTiles:
     vc8t = torch.zeros((B, Hkv, D, nk_pad), dtype=f8, device=dev)
     vc8t[..., :nk] = (routing.vc / (256.0 * qkv.v_scale[:, :, None, :])).transpose(-1, -2).to(f8)
     if qkv.v_perm:
-        vc8t = vc8t[..., _block_order(nk_pad, True, str(dev))].contiguous()
+        vc8t = vc8t[..., v_token_order(nk_pad, True).to(dev)].contiguous()
     return SummaryTiles(kc8, vc8t, skc.reshape(-1).contiguous())
 
 
