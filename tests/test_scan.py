@@ -17,6 +17,7 @@ from workbench.capture import open_capture
 from workbench.evaluate.scan import bootstrap_many, run_scan, start_cluster
 from workbench.recipes import split_recipe_list
 from workbench.evaluate.scan_store import METRIC_NAMES, open_scan
+from workbench.evaluate.source import default_device
 from workbench.metrics import bootstrap_benefit
 from workbench.report.accuracy_table import accuracy_table
 
@@ -59,8 +60,10 @@ def _assert_same(a, b):
 def test_scan_equals_one_entry_table(sync_scan):
     ds = sync_scan
     cap = open_capture(STORE)
-    q, k, v = cap.qkv(8, 2)
-    t = accuracy_table(q.float(), k.float(), v.float(), "fp8_sol_unsmoothed",
+    # on the device the scan's tasks use (CUDA when present): the same ops give the same bits
+    # there, while CPU and CUDA reductions round differently
+    q, k, v = (t.float().to(default_device()) for t in cap.qkv(8, 2))
+    t = accuracy_table(q, k, v, "fp8_sol_unsmoothed",
                        "fp8_sol_kv_corrected", layout=cap.layout, n_queries=32,
                        rotated=int(cap.rotated_channels))
     e = ds.entry_metrics.sel(step=8, layer=2)
@@ -130,7 +133,8 @@ run_scan(sys.argv[1], sys.argv[2], out=sys.argv[3], scheduler="synchronous", pro
 def test_resume_after_sigkill_gives_the_same_dataset(tmp_path):
     out = tmp_path / "killed.scan.zarr"
     recipes = "fp8_dense,fp8_dense_k,fp8_dense_kv_corrected"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(STORE), recipes, str(out)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     done_dir = out / "done" / "c"
