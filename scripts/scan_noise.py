@@ -1,0 +1,105 @@
+"""How much of a scan number is rounding noise: each entry evaluated as captured and with every
+K / V value moved by one FP32 ulp (up or down at random, seeded), metric by metric.
+
+Two scans of the same capture on different devices (CPU, CUDA) are not bitwise equal: their FP32
+reductions and matmuls round differently, so the smoothing means, the scores and Sol's block
+scores differ in their last bits. (The CPU's thread count does not change the recipes' outputs,
+only the float64 metrics in their last bits.) A one-ulp nudge of K and V is a change of that
+size, so the relative changes it causes say which numbers two such scans can disagree on: the
+near-zero ones (the V-mean error of V-bias-corrected recipes is rounding noise by construction)
+and Sol's (a key block whose score sits at the threshold flips between exact and summary, and
+its query block's rows change by far more than an ulp). The nudge overstates one thing: BF16
+values of an unsmoothed operand often land exactly halfway between two E4M3 codes, and a nudge
+breaks those ties, which two devices would round alike (that operand's scale is an exact max).
+
+    python scripts/scan_noise.py                          # shipped h3-nano, three entries
+    python scripts/scan_noise.py STORE --entries 8:2,7:1 --recipes fp8_sol_kv_corrected --top 20
+
+Prints, per (entry, recipe), the largest relative change of a row's squared error, then the
+metrics that moved most over all entries (markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from workbench.capture import open_capture  # noqa: E402
+from workbench.evaluate.scan import scan_task  # noqa: E402
+from workbench.evaluate.scan_store import METRIC_NAMES  # noqa: E402
+
+STORE = ROOT / "captures" / "demo_h3_nano.zarr"
+
+
+def nudged(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """t as FP32 with every value moved one ulp up or down (seeded coin per value)."""
+    t = t.float()
+    up = torch.rand(t.shape, generator=gen) < 0.5
+    return torch.nextafter(t, torch.where(up, torch.tensor(np.inf), torch.tensor(-np.inf)))
+
+
+def entry_records(cap, step: int, layer: int, spec: str, n_queries: int, gen):
+    """(scan record as captured, scan record with K / V nudged) of one entry and recipe."""
+    q, k, v = cap.qkv(step, layer)  # every captured head
+    heads = [int(h) for h in cap.root[cap.find(step, layer).path].attrs["q_heads"]]
+    call = cap.attention_call()  # how the capture's model attends, as the scan uses it
+    common = dict(step=step, layer=layer, captured_heads=heads, heads=heads, spec=spec,
+                  layout=cap.layout.to_dict(), rotated=cap.rotated_channels,
+                  n_queries=n_queries, dense_policy=False, causal=bool(call["causal"]),
+                  scale=call["scale"], device="cpu")
+    base = tuple(t.float().numpy() for t in (q, k, v))
+    moved = (base[0], nudged(k, gen).numpy(), nudged(v, gen).numpy())
+    # distinct store ids: the worker-side tensor cache must not hand the first inputs back
+    return (scan_task(base, store_id="captured", **common),
+            scan_task(moved, store_id="nudged", **common))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("store", nargs="?", default=str(STORE), help="capture store (h3-nano's)")
+    p.add_argument("--entries", default="8:2,7:1,3:0", help="step:layer list (8:2,7:1,3:0)")
+    p.add_argument("--recipes", default="fp8_sol_unsmoothed,fp8_sol_kv_corrected,fp8_dense_k")
+    p.add_argument("--queries", type=int, default=32, help="evenly spaced query rows (32)")
+    p.add_argument("--top", type=int, default=12, help="metrics listed (12)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    cap = open_capture(a.store)
+    try:
+        entries = [tuple(int(x) for x in e.split(":")) for e in a.entries.split(",")]
+    except ValueError:
+        p.error(f"--entries: {a.entries!r} is not a step:layer list such as 8:2,7:1")
+    gen = torch.Generator().manual_seed(a.seed)
+    worst: dict = {}
+    print("| entry | recipe | largest row change (rel) | that row's squared error | median row's |")
+    print("|---|---|---:|---:|---:|")
+    for step, layer in entries:
+        for spec in a.recipes.split(","):
+            r0, r1 = entry_records(cap, step, layer, spec, a.queries, gen)
+            e0, e1 = r0["entry"], r1["entry"]
+            for i, m in enumerate(METRIC_NAMES):
+                if m == "seconds" or not np.isfinite(e0[i]):
+                    continue
+                rel = abs(e1[i] - e0[i]) / max(abs(e0[i]), 1e-300)
+                if rel >= worst.get((spec, m), (-1.0,))[0]:
+                    worst[(spec, m)] = (rel, e0[i], e1[i], step, layer)
+            rows0, rows1 = r0["row"], r1["row"]
+            rr = np.abs(rows1 - rows0) / np.maximum(rows0, 1e-300)
+            j = int(np.argmax(rr))
+            print(f"| ({step}, {layer}) | {spec} | {rr[j]:.2e} | {rows0[j]:.2e} | "
+                  f"{np.median(rows0):.2e} |")
+    print("\n| recipe | metric | largest change (rel) | captured | nudged | entry |")
+    print("|---|---|---:|---:|---:|---|")
+    for (spec, m), (rel, x0, x1, st, la) in sorted(worst.items(), key=lambda x: -x[1][0])[:a.top]:
+        print(f"| {spec} | {m} | {rel:.2e} | {x0:.4e} | {x1:.4e} | ({st}, {la}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
