@@ -183,6 +183,35 @@ def test_rerun_skips_done_and_refuses_other_parameters(sync_scan, tmp_path):
     assert not (STORE / "scan.zarr").exists()
 
 
+def test_device_is_a_scan_parameter(tmp_path):
+    """The device the tasks ran on is stored; a scan is not resumed on another device (CPU and
+    CUDA round differently); stores from before the field read as CPU scans; a CUDA scan on a
+    machine without CUDA is refused before anything is written."""
+    import dataclasses
+
+    import torch
+
+    from workbench.evaluate.scan_store import ScanError, ScanParams, ScanStore
+
+    out = tmp_path / "cpu.scan.zarr"
+    ds, _ = run_scan(STORE, "fp8_dense,fp8_dense_k", out=out, scheduler="synchronous",
+                     progress=False, steps=[8], layers=[2], n_queries=16, device="cpu")
+    params = ScanParams.from_dict(ds.attrs["params"])
+    assert params.device == "cpu"
+    with pytest.raises(ScanError, match="device: the scan has 'cpu', asked 'cuda'"):
+        ScanStore(out, dataclasses.replace(params, device="cuda"))
+    old = {k: v for k, v in params.to_dict().items() if k != "device"}
+    assert ScanParams.from_dict(old).device == "cpu"
+    with pytest.raises(ScanError, match="--device: 'tpu'"):
+        run_scan(STORE, "fp8_dense", out=tmp_path / "x.zarr", scheduler="synchronous",
+                 progress=False, device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ScanError, match="--device cuda: torch sees no CUDA"):
+            run_scan(STORE, "fp8_dense", out=tmp_path / "y.zarr", scheduler="synchronous",
+                     progress=False, device="cuda")
+        assert not (tmp_path / "y.zarr").exists()
+
+
 def test_split_recipe_list():
     assert split_recipe_list("bf16,fp8_sol_k:sol_tau=0.5,sol_band=2,fp8_dense") == [
         "bf16", "fp8_sol_k:sol_tau=0.5,sol_band=2", "fp8_dense"]

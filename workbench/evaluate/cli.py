@@ -44,7 +44,7 @@ def cmd_scan(args) -> int:
         layers=_ints(args.layers, "layers"), heads=_ints(args.heads, "heads"),
         n_queries=args.queries, dense_policy=args.dense_policy, baseline=args.baseline,
         scheduler=args.scheduler, workers=args.workers, overwrite=args.overwrite,
-        progress=not args.quiet)
+        progress=not args.quiet, device=args.device)
     print(summary_table(ds))
     print(f"\nscan: {run.path} ({ds.sizes['step']} steps x {ds.sizes['layer']} layers x "
           f"{ds.sizes['recipe']} recipes, heads {ds.attrs['params']['heads']}, "
@@ -52,7 +52,7 @@ def cmd_scan(args) -> int:
     if run.tasks_run:
         print(f"throughput: {run.tasks_per_second:.2f} entries x recipes per second "
               f"({run.tasks_run} tasks in {run.seconds:.2f} s on {run.workers} worker(s), "
-              f"{run.scheduler})")
+              f"{run.scheduler}, {ds.attrs['params']['device']})")
     return 0
 
 
@@ -112,7 +112,11 @@ def register(sub) -> None:
                    help="ADDRESS of a running dask scheduler, or 'synchronous' (in-process); "
                         "default: a new LocalCluster")
     p.add_argument("--workers", type=int, default=None,
-                   help="LocalCluster worker processes (default: one per core, or per GPU)")
+                   help="LocalCluster worker processes (default: one per GPU for a CUDA scan, "
+                        "one per core for a CPU scan)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the recipes and the float64 reference run (auto: CUDA when "
+                        "present); small captures such as h3-nano scan faster on the CPU")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_scan)
 

@@ -9,11 +9,12 @@ store (``scan_store``) as it arrives, so an interrupted scan resumes where it st
 task is in, the paired-bootstrap interval of each recipe's output-MSE benefit over the baseline is
 computed from the stored per-row errors. ``open_scan`` reads the result back as one Dataset.
 
-``scheduler``: None = a new LocalCluster (``workers`` processes, default one per core; one per
-GPU when CUDA is present, each pinned to its own device); "synchronous" = dask's in-process
-scheduler (debugging, small scans, notebooks); anything else = the address of a running
-scheduler (its workers must see the capture store's path). ``client``: a distributed Client to
-use as is (tests share one).
+``device``: where the recipes and the float64 reference run ("cpu" / "cuda"; "auto" = CUDA when
+present). ``scheduler``: None = a new LocalCluster (``workers`` processes, default one per core
+for a CPU scan, one per GPU for a CUDA scan, each worker pinned to its own GPU); "synchronous" =
+dask's in-process scheduler (debugging, small scans, notebooks); anything else = the address of
+a running scheduler (its workers must see the capture store's path). ``client``: a distributed
+Client to use as is (tests share one).
 """
 
 from __future__ import annotations
@@ -170,18 +171,32 @@ def _setup_worker(dask_worker=None) -> str:
     return "cpu"
 
 
-def default_workers() -> int:
-    if torch.cuda.is_available():
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def scan_device(device: str | None) -> str:
+    """The device a scan's tasks run on: "cpu", "cuda", or None / "auto" = CUDA when torch sees
+    it here, else the CPU. The two round differently (not bit for bit the same numbers)."""
+    if device is None or device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in DEVICES:
+        raise ScanError(f"--device: {device!r} is not one of {', '.join(DEVICES)}")
+    return device
+
+
+def default_workers(device: str | None = None) -> int:
+    """One worker process per GPU for CUDA scans, one per core for CPU scans."""
+    if scan_device(device) == "cuda" and torch.cuda.is_available():
         return torch.cuda.device_count()
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def start_cluster(workers: int | None = None):
-    """(LocalCluster, Client): `workers` single-threaded processes (default: one per core, or one
-    per GPU), each with one torch thread."""
+def start_cluster(workers: int | None = None, device: str | None = None):
+    """(LocalCluster, Client): `workers` single-threaded processes (default: one per GPU for a
+    CUDA scan, one per core for a CPU scan; ``scan_device``), each with one torch thread."""
     from distributed import Client, LocalCluster
 
-    n = int(workers or default_workers())
+    n = int(workers or default_workers(device))
     if n < 1:
         raise ScanError(f"--workers: need at least 1, got {n}")
     # Loopback only; ":0" picks a free port for the scheduler's HTTP routes (8787 may be taken).
@@ -228,7 +243,8 @@ def _select(name: str, asked, have: list[int]) -> list[int]:
 
 
 def plan_scan(store, recipes, *, steps=None, layers=None, heads=None, n_queries: int = 64,
-              dense_policy: bool = False, baseline: str | None = None):
+              dense_policy: bool = False, baseline: str | None = None,
+              device: str | None = None):
     """(CaptureReader, ScanParams, lazy xarray view) for a scan of `store`; checks the input."""
     from workbench.attention import evenly_spaced_rows
     from workbench.capture import open_capture
@@ -267,7 +283,7 @@ def plan_scan(store, recipes, *, steps=None, layers=None, heads=None, n_queries:
         heads=tuple(heads), n_queries=int(n_queries), dense_policy=bool(dense_policy),
         seq_len=S, query_rows=tuple(int(i) for i in evenly_spaced_rows(S, n_queries)),
         segment_layout=json.dumps(cap.layout.to_dict(), sort_keys=True),
-        causal=bool(call["causal"]), softmax_scale=call["scale"])
+        causal=bool(call["causal"]), softmax_scale=call["scale"], device=scan_device(device))
     return cap, params, ds
 
 
@@ -322,22 +338,29 @@ def build_jobs(cap, params: ScanParams, ds, todo: list[tuple[int, int, int]]) ->
             captured_heads=jobs[(si, li)].heads,
             heads=list(params.heads), spec=params.recipe_specs[ri], layout=layout,
             rotated=rotated, n_queries=params.n_queries, dense_policy=params.dense_policy,
-            causal=params.causal, scale=params.softmax_scale)
+            causal=params.causal, scale=params.softmax_scale, device=params.device)
     return list(jobs.values())
 
 
 def run_scan(store, recipes, *, out=None, steps=None, layers=None, heads=None,
              n_queries: int = 64, dense_policy: bool = False, baseline: str | None = None,
              scheduler: str | None = None, workers: int | None = None, client=None,
-             overwrite: bool = False, progress: bool = True, log=None):
+             overwrite: bool = False, progress: bool = True, log=None,
+             device: str | None = None):
     """Scan `store` with `recipes` into `out` (default STORE.scan.zarr); returns (Dataset, ScanRun).
 
-    Resumes a scan already at `out` when its parameters match (else ScanError naming the field).
+    device: where the recipes and the float64 reference run ("cpu", "cuda"; default "auto":
+    CUDA when present); part of the scan's parameters, so a resumed scan keeps it. Resumes a
+    scan already at `out` when its parameters match (else ScanError naming the field).
     """
     log = log or (lambda msg: print(msg, file=sys.stderr))
     cap, params, ds = plan_scan(store, recipes, steps=steps, layers=layers, heads=heads,
                                 n_queries=n_queries, dense_policy=dense_policy,
-                                baseline=baseline)
+                                baseline=baseline, device=device)
+    if params.device == "cuda" and client is None and scheduler in (None, "synchronous") \
+            and not torch.cuda.is_available():
+        raise ScanError("--device cuda: torch sees no CUDA device on this machine (use "
+                        "--device cpu, or --scheduler ADDRESS of a cluster with GPU workers)")
     out = Path(out) if out is not None else default_scan_path(store)
     check_out_path(out, Path(store))
     sstore = ScanStore(out, params, overwrite=overwrite)
@@ -361,7 +384,7 @@ def run_scan(store, recipes, *, out=None, steps=None, layers=None, heads=None,
                 client.run(_setup_worker)
                 own = (None, client)
             else:
-                own = start_cluster(workers)
+                own = start_cluster(workers, params.device)
                 client = own[1]
         try:
             n_workers = len(client.scheduler_info(n_workers=-1)["workers"])

@@ -66,6 +66,9 @@ class ScanParams:
     # row masked (decoder self-attention), and the softmax scale (None: 1/sqrt(D))
     causal: bool = False
     softmax_scale: float | None = None
+    # where the recipes and the float64 reference ran: CPU and CUDA round differently, so a
+    # resumed scan keeps its device (stores written before this field read as "cpu")
+    device: str = "cpu"
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
