@@ -153,9 +153,10 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
 
 
 # -- workers ------------------------------------------------------------------------------------
-def _setup_worker(dask_worker=None) -> str:
-    """One torch thread per task slot; on CUDA machines, worker i uses GPU i mod count. Imports
-    the evaluation stage now, so the first task does not pay for it."""
+def _setup_worker(dask_worker=None, device: str = "cuda") -> str:
+    """One torch thread per task slot; for a CUDA scan on a CUDA machine worker i uses GPU i mod
+    count (a CPU scan makes no CUDA context in its workers). Imports the evaluation stage now,
+    so the first task does not pay for it."""
     import dask.array  # noqa: F401
     import zarr  # noqa: F401
 
@@ -163,7 +164,7 @@ def _setup_worker(dask_worker=None) -> str:
     import workbench.evaluate.engine  # noqa: F401
 
     torch.set_num_threads(1)
-    if torch.cuda.is_available() and dask_worker is not None:
+    if device == "cuda" and torch.cuda.is_available() and dask_worker is not None:
         name = dask_worker.name
         index = name if isinstance(name, int) else abs(hash(str(name)))
         torch.cuda.set_device(index % torch.cuda.device_count())
@@ -203,7 +204,7 @@ def start_cluster(workers: int | None = None, device: str | None = None):
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
                            dashboard_address=":0", silence_logs=40)
     client = Client(cluster)
-    client.run(_setup_worker)
+    client.run(_setup_worker, device=scan_device(device))
     return cluster, client
 
 
@@ -381,7 +382,7 @@ def run_scan(store, recipes, *, out=None, steps=None, layers=None, heads=None,
                 from distributed import Client
 
                 client = Client(scheduler)
-                client.run(_setup_worker)
+                client.run(_setup_worker, device=params.device)
                 own = (None, client)
             else:
                 own = start_cluster(workers, params.device)
