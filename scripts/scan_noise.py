@@ -61,6 +61,31 @@ def entry_records(cap, step: int, layer: int, spec: str, n_queries: int, gen):
             scan_task(moved, store_id="nudged", **common))
 
 
+def noise(store, entries, recipes, *, n_queries: int = 32, seed: int = 0):
+    """(rows, worst): rows = [(step, layer, recipe, largest relative change of a row's squared
+    error, that row's error, the median row's)], worst = {(recipe, metric): (largest relative
+    change over the entries, captured value, nudged value, step, layer)}."""
+    cap = open_capture(store)
+    gen = torch.Generator().manual_seed(seed)
+    rows, worst = [], {}
+    for step, layer in entries:
+        for spec in recipes:
+            r0, r1 = entry_records(cap, step, layer, spec, n_queries, gen)
+            e0, e1 = r0["entry"], r1["entry"]
+            for i, m in enumerate(METRIC_NAMES):
+                if m == "seconds" or not np.isfinite(e0[i]):
+                    continue
+                rel = abs(e1[i] - e0[i]) / max(abs(e0[i]), 1e-300)
+                if rel >= worst.get((spec, m), (-1.0,))[0]:
+                    worst[(spec, m)] = (rel, e0[i], e1[i], step, layer)
+            err0, err1 = r0["row"], r1["row"]
+            rr = np.abs(err1 - err0) / np.maximum(err0, 1e-300)
+            j = int(np.argmax(rr))
+            rows.append((step, layer, spec, float(rr[j]), float(err0[j]),
+                         float(np.median(err0))))
+    return rows, worst
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("store", nargs="?", default=str(STORE), help="capture store (h3-nano's)")
@@ -70,30 +95,16 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=12, help="metrics listed (12)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    cap = open_capture(a.store)
     try:
         entries = [tuple(int(x) for x in e.split(":")) for e in a.entries.split(",")]
     except ValueError:
         p.error(f"--entries: {a.entries!r} is not a step:layer list such as 8:2,7:1")
-    gen = torch.Generator().manual_seed(a.seed)
-    worst: dict = {}
+    rows, worst = noise(a.store, entries, a.recipes.split(","), n_queries=a.queries,
+                        seed=a.seed)
     print("| entry | recipe | largest row change (rel) | that row's squared error | median row's |")
     print("|---|---|---:|---:|---:|")
-    for step, layer in entries:
-        for spec in a.recipes.split(","):
-            r0, r1 = entry_records(cap, step, layer, spec, a.queries, gen)
-            e0, e1 = r0["entry"], r1["entry"]
-            for i, m in enumerate(METRIC_NAMES):
-                if m == "seconds" or not np.isfinite(e0[i]):
-                    continue
-                rel = abs(e1[i] - e0[i]) / max(abs(e0[i]), 1e-300)
-                if rel >= worst.get((spec, m), (-1.0,))[0]:
-                    worst[(spec, m)] = (rel, e0[i], e1[i], step, layer)
-            rows0, rows1 = r0["row"], r1["row"]
-            rr = np.abs(rows1 - rows0) / np.maximum(rows0, 1e-300)
-            j = int(np.argmax(rr))
-            print(f"| ({step}, {layer}) | {spec} | {rr[j]:.2e} | {rows0[j]:.2e} | "
-                  f"{np.median(rows0):.2e} |")
+    for step, layer, spec, rel, err, med in rows:
+        print(f"| ({step}, {layer}) | {spec} | {rel:.2e} | {err:.2e} | {med:.2e} |")
     print("\n| recipe | metric | largest change (rel) | captured | nudged | entry |")
     print("|---|---|---:|---:|---:|---|")
     for (spec, m), (rel, x0, x1, st, la) in sorted(worst.items(), key=lambda x: -x[1][0])[:a.top]:

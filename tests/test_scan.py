@@ -212,6 +212,24 @@ def test_device_is_a_scan_parameter(tmp_path):
         assert not (tmp_path / "y.zarr").exists()
 
 
+def test_scan_noise_separates_rounding_noise_from_robust_numbers():
+    """``scripts/scan_noise.py`` (one-ulp nudges of K / V): the V-mean drift of a
+    V-bias-corrected recipe is rounding noise (moves by > 1%), its output error and rows are
+    robust (< 1e-4 / 1e-2); Sol without smoothing has rows that flip (> 1%) on each entry."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scan_noise", ROOT / "scripts/scan_noise.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    entries = [(8, 2), (7, 1), (3, 0)]
+    rows, worst = mod.noise(STORE, entries, ["fp8_sol_kv_corrected", "fp8_sol_unsmoothed"])
+    by = {(st, la, r): rel for st, la, r, rel, _, _ in rows}
+    assert worst[("fp8_sol_kv_corrected", "drift_v_pass")][0] > 1e-2
+    assert worst[("fp8_sol_kv_corrected", "attention_output_rel_l2")][0] < 1e-4
+    assert all(0 <= by[(st, la, "fp8_sol_kv_corrected")] < 1e-2 for st, la in entries)
+    assert all(by[(st, la, "fp8_sol_unsmoothed")] > 1e-2 for st, la in entries)
+
+
 def test_split_recipe_list():
     assert split_recipe_list("bf16,fp8_sol_k:sol_tau=0.5,sol_band=2,fp8_dense") == [
         "bf16", "fp8_sol_k:sol_tau=0.5,sol_band=2", "fp8_dense"]
