@@ -54,6 +54,8 @@ def main() -> int:
                     help="LocalCluster sizes (default 1, 2 and all cores)")
     ap.add_argument("--only", default="shipped,large", help="shipped and/or large")
     ap.add_argument("--queries", type=int, default=64)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="where the tasks run (cpu: worker counts are cores)")
     args = ap.parse_args()
     from workbench.evaluate.scan import run_scan, start_cluster
 
@@ -69,22 +71,24 @@ def main() -> int:
                             capture_output=True, text=True).stdout.strip()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
           f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f}, "
-          f"recipes {RECIPES}, {args.queries} query rows\n")
+          f"recipes {RECIPES}, {args.queries} query rows, device {args.device}\n")
     print("| store | scheduler | workers | tasks | seconds | entries x recipes / s | "
           "cluster start (s) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for i, (name, store) in enumerate(stores.items()):
         ds, run = run_scan(store, RECIPES, out=tmp / f"s{i}_sync.zarr", scheduler="synchronous",
-                           n_queries=args.queries, progress=False, log=lambda m: None)
+                           n_queries=args.queries, progress=False, log=lambda m: None,
+                           device=args.device)
         print(f"| {name} | synchronous (in-process) | 1 | {run.tasks_run} | {run.seconds:.2f} "
               f"| {run.tasks_per_second:.1f} | 0 |", flush=True)
         for n in sizes:
             t0 = time.perf_counter()
-            cl, client = start_cluster(n)
+            cl, client = start_cluster(n, args.device)
             start = time.perf_counter() - t0
             try:
                 ds, run = run_scan(store, RECIPES, out=tmp / f"s{i}_w{n}.zarr", client=client,
-                                   n_queries=args.queries, progress=False, log=lambda m: None)
+                                   n_queries=args.queries, progress=False, log=lambda m: None,
+                                   device=args.device)
             finally:
                 client.close()
                 cl.close()

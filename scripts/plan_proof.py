@@ -80,6 +80,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10, help="grid points (the capture's: 10)")
     ap.add_argument("--queries", type=int, default=64)
     ap.add_argument("--scheduler", default="synchronous")
+    ap.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                    help="the scan's device (cpu: as recorded in BENCHMARKS.md)")
     ap.add_argument("--out", default=str(ROOT / "reports" / "plan_proof"))
     args = ap.parse_args()
     import torch
@@ -94,7 +96,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     ds, run = run_scan(args.store, ",".join(CANDIDATES), out=out / "scan.zarr",
-                       n_queries=args.queries, scheduler=args.scheduler, progress=False)
+                       n_queries=args.queries, scheduler=args.scheduler, progress=False,
+                       device=args.device)
     plan = derive_plan(ds, PlanRule("min_sqnr", args.budget))
     plan_path = out / "plan.json"
     plan_path.write_text(plan.to_json(indent=1))

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from workbench.capture import open_capture  # noqa: E402
 from workbench.evaluate.scan import scan_task  # noqa: E402
-from workbench.evaluate.scan_store import METRIC_NAMES  # noqa: E402
+from workbench.evaluate.scan_store import METRIC_NAMES, store_fingerprint  # noqa: E402
 
 STORE = ROOT / "captures" / "demo_h3_nano.zarr"
 
@@ -45,20 +45,27 @@ def nudged(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.nextafter(t, torch.where(up, torch.tensor(np.inf), torch.tensor(-np.inf)))
 
 
-def entry_records(cap, step: int, layer: int, spec: str, n_queries: int, gen):
-    """(scan record as captured, scan record with K / V nudged) of one entry and recipe."""
+def entry_inputs(cap, step: int, layer: int, gen: torch.Generator):
+    """(q, k, v as captured, q with k, v nudged) of one entry, FP32 numpy: one nudge per entry,
+    shared by its recipes."""
     q, k, v = cap.qkv(step, layer)  # every captured head
+    base = tuple(t.float().numpy() for t in (q, k, v))
+    return base, (base[0], nudged(k, gen).numpy(), nudged(v, gen).numpy())
+
+
+def entry_records(cap, step: int, layer: int, spec: str, n_queries: int, inputs, tag: str):
+    """(scan record as captured, scan record nudged) of one entry and recipe; inputs from
+    ``entry_inputs``; tag: names this capture and nudge in the scan task's tensor cache."""
     heads = [int(h) for h in cap.root[cap.find(step, layer).path].attrs["q_heads"]]
     call = cap.attention_call()  # how the capture's model attends, as the scan uses it
     common = dict(step=step, layer=layer, captured_heads=heads, heads=heads, spec=spec,
                   layout=cap.layout.to_dict(), rotated=cap.rotated_channels,
                   n_queries=n_queries, dense_policy=False, causal=bool(call["causal"]),
                   scale=call["scale"], device="cpu")
-    base = tuple(t.float().numpy() for t in (q, k, v))
-    moved = (base[0], nudged(k, gen).numpy(), nudged(v, gen).numpy())
-    # distinct store ids: the worker-side tensor cache must not hand the first inputs back
-    return (scan_task(base, store_id="captured", **common),
-            scan_task(moved, store_id="nudged", **common))
+    # scan_task caches an entry's tensors by (store id, step, layer, ...): the two inputs need
+    # ids of their own, and another capture or seed other ids again
+    return (scan_task(inputs[0], store_id=f"{tag}-captured", **common),
+            scan_task(inputs[1], store_id=f"{tag}-nudged", **common))
 
 
 def noise(store, entries, recipes, *, n_queries: int = 32, seed: int = 0):
@@ -66,11 +73,13 @@ def noise(store, entries, recipes, *, n_queries: int = 32, seed: int = 0):
     error, that row's error, the median row's)], worst = {(recipe, metric): (largest relative
     change over the entries, captured value, nudged value, step, layer)}."""
     cap = open_capture(store)
+    tag = f"{store_fingerprint(cap)}-seed{seed}"
     gen = torch.Generator().manual_seed(seed)
     rows, worst = [], {}
     for step, layer in entries:
+        inputs = entry_inputs(cap, step, layer, gen)
         for spec in recipes:
-            r0, r1 = entry_records(cap, step, layer, spec, n_queries, gen)
+            r0, r1 = entry_records(cap, step, layer, spec, n_queries, inputs, tag)
             e0, e1 = r0["entry"], r1["entry"]
             for i, m in enumerate(METRIC_NAMES):
                 if m == "seconds" or not np.isfinite(e0[i]):
@@ -97,6 +106,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         entries = [tuple(int(x) for x in e.split(":")) for e in a.entries.split(",")]
+        if any(len(e) != 2 for e in entries):
+            raise ValueError
     except ValueError:
         p.error(f"--entries: {a.entries!r} is not a step:layer list such as 8:2,7:1")
     rows, worst = noise(a.store, entries, a.recipes.split(","), n_queries=a.queries,

@@ -200,8 +200,9 @@ def test_device_is_a_scan_parameter(tmp_path):
     assert params.device == "cpu"
     with pytest.raises(ScanError, match="device: the scan has 'cpu', asked 'cuda'"):
         ScanStore(out, dataclasses.replace(params, device="cuda"))
-    old = {k: v for k, v in params.to_dict().items() if k != "device"}
-    assert ScanParams.from_dict(old).device == "cpu"
+    # a store from before the field does not say where it ran: not resumed on either device
+    old = ScanParams.from_dict({k: v for k, v in params.to_dict().items() if k != "device"})
+    assert old.mismatch(params) == "device: the scan has 'unknown', asked 'cpu'"
     with pytest.raises(ScanError, match="--device: 'tpu'"):
         run_scan(STORE, "fp8_dense", out=tmp_path / "x.zarr", scheduler="synchronous",
                  progress=False, device="tpu")
@@ -210,6 +211,27 @@ def test_device_is_a_scan_parameter(tmp_path):
             run_scan(STORE, "fp8_dense", out=tmp_path / "y.zarr", scheduler="synchronous",
                      progress=False, device="cuda")
         assert not (tmp_path / "y.zarr").exists()
+
+
+def test_running_scheduler_is_checked_before_the_store_is_written(cluster, tmp_path):
+    """--scheduler ADDRESS: a CUDA scan on workers without CUDA, or an address nobody listens
+    on, is refused naming the workers / the address, and no scan store is left behind."""
+    import dask
+    import torch
+
+    from workbench.evaluate.scan_store import ScanError
+
+    cl, _ = cluster
+    if not torch.cuda.is_available():
+        with pytest.raises(ScanError, match=r"--device cuda: workers \['tcp://"):
+            run_scan(STORE, "fp8_dense", out=tmp_path / "a.zarr", device="cuda",
+                     scheduler=cl.scheduler_address, progress=False, **SMALL)
+        assert not (tmp_path / "a.zarr").exists()
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        with pytest.raises(ScanError, match="--scheduler tcp://127.0.0.1:9: cannot connect"):
+            run_scan(STORE, "fp8_dense", out=tmp_path / "b.zarr", scheduler="tcp://127.0.0.1:9",
+                     progress=False, **SMALL)
+    assert not (tmp_path / "b.zarr").exists()
 
 
 def test_scan_noise_separates_rounding_noise_from_robust_numbers():

@@ -38,6 +38,7 @@ def summary_table(ds) -> str:
 
 def cmd_scan(args) -> int:
     from .scan import run_scan
+    from .scan_store import ScanParams
 
     ds, run = run_scan(
         args.store, args.recipes, out=args.out, steps=_ints(args.steps, "steps"),
@@ -52,7 +53,7 @@ def cmd_scan(args) -> int:
     if run.tasks_run:
         print(f"throughput: {run.tasks_per_second:.2f} entries x recipes per second "
               f"({run.tasks_run} tasks in {run.seconds:.2f} s on {run.workers} worker(s), "
-              f"{run.scheduler}, {ds.attrs['params']['device']})")
+              f"{run.scheduler}, {ScanParams.from_dict(ds.attrs['params']).device})")
     return 0
 
 
@@ -116,7 +117,8 @@ def register(sub) -> None:
                         "one per core for a CPU scan)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="where the recipes and the float64 reference run (auto: CUDA when "
-                        "present); small captures such as h3-nano scan faster on the CPU")
+                        "this machine's torch sees it, also for --scheduler ADDRESS); small "
+                        "captures such as h3-nano scan faster on the CPU")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_scan)
 

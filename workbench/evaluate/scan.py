@@ -208,6 +208,31 @@ def start_cluster(workers: int | None = None, device: str | None = None):
     return cluster, client
 
 
+def connect_scheduler(address: str, device: str):
+    """A Client of the running scheduler at `address`, its workers set up for a `device` scan
+    (``_setup_worker``); ScanError naming the address when it cannot be reached or has no
+    workers, or naming the workers that see no CUDA device for a CUDA scan. The connect
+    timeout is dask's ``distributed.comm.timeouts.connect``."""
+    from distributed import Client
+
+    try:
+        client = Client(address)
+    except OSError as exc:  # TimeoutError included
+        raise ScanError(f"--scheduler {address}: cannot connect ({exc})") from None
+    try:
+        seen = client.run(_setup_worker, device=device)
+        if not seen:
+            raise ScanError(f"--scheduler {address}: no workers are connected to it")
+        bad = sorted(w for w, d in seen.items() if device == "cuda" and d == "cpu")
+        if bad:
+            raise ScanError(f"--device cuda: workers {bad} of {address} see no CUDA device "
+                            "(use --device cpu)")
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
 # -- the scan -----------------------------------------------------------------------------------
 @dataclass
 class ScanRun:
@@ -351,52 +376,51 @@ def run_scan(store, recipes, *, out=None, steps=None, layers=None, heads=None,
     """Scan `store` with `recipes` into `out` (default STORE.scan.zarr); returns (Dataset, ScanRun).
 
     device: where the recipes and the float64 reference run ("cpu", "cuda"; default "auto":
-    CUDA when present); part of the scan's parameters, so a resumed scan keeps it. Resumes a
-    scan already at `out` when its parameters match (else ScanError naming the field).
+    CUDA when this machine's torch sees it, also for a running scheduler's workers); part of
+    the scan's parameters, so a resumed scan keeps it. Resumes a scan already at `out` when its
+    parameters match (else ScanError naming the field).
     """
     log = log or (lambda msg: print(msg, file=sys.stderr))
     cap, params, ds = plan_scan(store, recipes, steps=steps, layers=layers, heads=heads,
                                 n_queries=n_queries, dense_policy=dense_policy,
                                 baseline=baseline, device=device)
-    if params.device == "cuda" and client is None and scheduler in (None, "synchronous") \
+    remote = client is None and scheduler not in (None, "synchronous")
+    if params.device == "cuda" and client is None and not remote \
             and not torch.cuda.is_available():
         raise ScanError("--device cuda: torch sees no CUDA device on this machine (use "
                         "--device cpu, or --scheduler ADDRESS of a cluster with GPU workers)")
     out = Path(out) if out is not None else default_scan_path(store)
     check_out_path(out, Path(store))
-    sstore = ScanStore(out, params, overwrite=overwrite)
-    done = sstore.done_mask()
-    todo = [(si, li, ri) for si in range(len(params.steps)) for li in range(len(params.layers))
-            for ri in range(len(params.recipes)) if not done[si, li, ri]]
-    jobs = build_jobs(cap, params, ds, todo)
-    t0 = time.perf_counter()
-    if not todo:
-        n_workers, sched = 0, "none (nothing to do)"
-    elif scheduler == "synchronous":
-        n_workers, sched = 1, "synchronous"
-        _run_synchronous(jobs, sstore, params, progress)
-    else:
-        own = None
-        if client is None:
-            if scheduler:
-                from distributed import Client
-
-                client = Client(scheduler)
-                client.run(_setup_worker, device=params.device)
-                own = (None, client)
-            else:
+    # a running scheduler is reached and its workers checked before the scan store is written
+    own = (None, connect_scheduler(scheduler, params.device)) if remote else None
+    try:
+        sstore = ScanStore(out, params, overwrite=overwrite)
+        done = sstore.done_mask()
+        todo = [(si, li, ri) for si in range(len(params.steps))
+                for li in range(len(params.layers)) for ri in range(len(params.recipes))
+                if not done[si, li, ri]]
+        jobs = build_jobs(cap, params, ds, todo)
+        t0 = time.perf_counter()
+        if not todo:
+            n_workers, sched = 0, "none (nothing to do)"
+        elif scheduler == "synchronous":
+            n_workers, sched = 1, "synchronous"
+            _run_synchronous(jobs, sstore, params, progress)
+        else:
+            if own is not None:
+                client = own[1]
+            elif client is None:
                 own = start_cluster(workers, params.device)
                 client = own[1]
-        try:
             n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
             sched = scheduler or "LocalCluster"
             t0 = time.perf_counter()
             _run_distributed(jobs, sstore, params, client, progress, window=2 * n_workers)
-        finally:
-            if own is not None:
-                own[1].close()
-                if own[0] is not None:
-                    own[0].close()
+    finally:
+        if own is not None:
+            own[1].close()
+            if own[0] is not None:
+                own[0].close()
     seconds = time.perf_counter() - t0
     run = ScanRun(out, done.size, len(todo), done.size - len(todo), seconds, n_workers, sched)
     finish_benefits(sstore)

@@ -67,8 +67,9 @@ class ScanParams:
     causal: bool = False
     softmax_scale: float | None = None
     # where the recipes and the float64 reference ran: CPU and CUDA round differently, so a
-    # resumed scan keeps its device (stores written before this field read as "cpu")
-    device: str = "cpu"
+    # resumed scan keeps its device. Stores written before this field ran on CUDA where present,
+    # else on the CPU, and do not say which: "unknown", never resumed (a new scan or --overwrite)
+    device: str = "unknown"
 
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
