@@ -76,6 +76,29 @@ def test_sparse_table_has_the_ratios_and_the_skip_reasons():
     assert "| block sums of Q, K, V | 0.500 |  | 1.25 |  | 2.80 |" in md  # no graph time
 
 
+def test_density_fit_splits_calls_into_fixed_and_per_density_parts():
+    """ms = fixed + slope x density per variant, from its rows at densities in (0, 1); a variant
+    timed at one density (or skipped) has no line; the slope is also given against our dense
+    FP8 call."""
+    report = sparse_report()
+    rows = report["rows"]
+    rows += [dict(variant="ours FP8 Sol exact", route="sol", density=d, tau=None,
+                  ms=3.0 + 40.0 * d + e) for d, e in ((0.1, 0.01), (0.35, -0.01), (0.5, 0.0))]
+    rows.append(dict(variant="ours FP8 Sol exact", route="sol", density=1.0, tau=None, ms=99.0))
+    fits = {f["variant"]: f for f in sparse.density_fits(rows)}
+    assert set(fits) == {"ours FP8 Sol exact"}  # NVIDIA at one density, VSA skipped
+    f = fits["ours FP8 Sol exact"]
+    assert f["densities"] == [0.1, 0.15, 0.35, 0.5]  # the anchor row (5.0 ms at 0.15) included
+    # least squares through (0.1, 7.01), (0.15, 5.0), (0.35, 16.99), (0.5, 23.0)
+    d, t = [0.1, 0.15, 0.35, 0.5], [7.01, 5.0, 16.99, 23.0]
+    md, mt = sum(d) / 4, sum(t) / 4
+    slope = sum((a - md) * (b - mt) for a, b in zip(d, t)) / sum((a - md) ** 2 for a in d)
+    assert f["slope_ms"] == pytest.approx(slope) and f["fixed_ms"] == pytest.approx(mt - slope * md)
+    assert f["slope_of_dense"] == pytest.approx(slope / 40.0)
+    md_text = sparse.markdown(report)
+    assert f"| ours FP8 Sol exact | 0.100, 0.150, 0.350, 0.500 | {mt - slope * md:.2f} " in md_text
+
+
 def test_sparse_table_shows_clock_and_power_where_sampled():
     report = sparse_report()
     assert "SM MHz" not in sparse.markdown(report)

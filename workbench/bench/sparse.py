@@ -584,6 +584,31 @@ def _fmt(x, spec: str) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def density_fits(rows: list[dict]) -> list[dict]:
+    """Per variant with timed rows at two or more exact densities in (0, 1): the least-squares
+    line ms = fixed + slope x density. fixed: the part of a call that does not scale with the
+    density (routing, quantizer, prefix rows, per-CTA costs); slope: the cost of the exact
+    blocks, also as a share of our dense FP8 call (1 = as cheap per block as the dense call)."""
+    dense = next((r.get("ms") for r in rows if r["variant"] == f"ours {DENSE_RECIPE}"), None)
+    by: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("ms") and 0.0 < r["density"] < 1.0 and r["route"] != "dense":
+            by.setdefault(r["variant"], []).append((r["density"], r["ms"]))
+    fits = []
+    for variant, pts in by.items():
+        if len({d for d, _ in pts}) < 2:
+            continue
+        n = len(pts)
+        md = sum(d for d, _ in pts) / n
+        mt = sum(t for _, t in pts) / n
+        slope = (sum((d - md) * (t - mt) for d, t in pts)
+                 / sum((d - md) ** 2 for d, _ in pts))
+        fits.append(dict(variant=variant, densities=sorted(d for d, _ in pts),
+                         fixed_ms=mt - slope * md, slope_ms=slope,
+                         slope_of_dense=slope / dense if dense else None))
+    return fits
+
+
 def markdown(report: dict) -> str:
     """Two tables: the attention variants (ratios against SDPA cuDNN and against NVIDIA's Sol at
     the same tau) and the routing passes."""
@@ -614,6 +639,14 @@ def markdown(report: dict) -> str:
             + (board_cell(r) if board else "") + f" {note} |")
     if board:
         lines += ["", BOARD_NOTE]
+    fits = density_fits(rows)
+    if fits:
+        lines += ["", "| variant: ms = fixed + slope x density (least squares) | densities "
+                  "| fixed ms | slope ms | slope / our dense FP8 call |", "|---|---|---|---|---|"]
+        for f in fits:
+            lines.append(f"| {f['variant']} | {', '.join(f'{d:.3f}' for d in f['densities'])} "
+                         f"| {f['fixed_ms']:.2f} | {f['slope_ms']:.2f} "
+                         f"| {_fmt(f['slope_of_dense'], '.2f')} |")
     if report.get("peer"):
         lines += ["", f"NVIDIA sol_attn: {report['peer']}"]
     if report.get("vsa_peer"):
