@@ -218,6 +218,48 @@ def test_sol_routing_equals_the_twin_up_to_rounding_ties(S, H, Hkv, D, name, pre
 
 
 @cpu_only
+@pytest.mark.parametrize("S,H,Hkv,D,name,prefix", CASES + [
+    (300, 2, 2, 64, "fp8_sol_k:sol_tau=-inf", (0, 70))])
+def test_sol_front_in_one_launch_equals_the_torch_front(S, H, Hkv, D, name, prefix):
+    """``RoutingConfig.sol_front="triton"``: the statistics, kc / vc, the query block means and
+    theta from one launch equal the torch ops' up to the order of FP32 additions, and the
+    routing equals the twin up to rounding ties, as the torch front's does."""
+    q, k, v, layout = synthetic(S, H, Hkv, D, seed=S + D, prefix=prefix)
+    rec = get_recipe(name)
+    sums = routing.block_sums(q, k, v, minmax=True, config=FAST)
+    scale = D**-0.5
+    mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=rec.smooth_k, smooth_v=rec.smooth_v)
+    kc, vc = routing.sol_centred(sums, mu_k, mu_v)
+    kh = routing._expand(kc, H // Hkv)
+    _, theta = sol_scores(sums.qbar, kh, rec, scale * LOG2E)
+    front = routing.sol_front(sums, rec, scale)
+    # theta: the diagonal threshold's, or tau where infinite; the exact one is the list pass's
+    exact_thr = rec.sol_threshold == "exact" and math.isfinite(rec.sol_tau)
+    assert (front[6] is None) == exact_thr
+    for name_, want, got in zip(("mu_k", "mu_v", "v_amax", "kc", "vc", "qbar", "theta"),
+                                (mu_k, mu_v, v_amax, kc, vc, sums.qbar, theta), front):
+        if got is None:
+            continue
+        assert got.shape == want.shape and got.dtype == torch.float32, name_
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()),
+                                   msg=name_)
+    if exact_thr:  # the exact threshold is the mean + tau x the std of each row's scores
+        scores = (sums.qbar @ kh.transpose(-1, -2)) * (scale * LOG2E)
+        row = scores.mean(-1) + rec.sol_tau * scores.std(-1, unbiased=False)
+        torch.testing.assert_close(row, theta, rtol=1e-4, atol=1e-5 * float(scores.abs().max()))
+    f_mu_k, f_mu_v, f_amax, r = routing.sol_routing_fused(sums, rec, layout=layout, scale=scale,
+                                                          config=FAST)
+    for a, b in zip((f_mu_k, f_mu_v, f_amax, r.kc, r.vc), front[:5]):
+        assert torch.equal(a, b)  # run to run the same bits
+    twin, margin, scores, _ = twin_sol(q, k, v, rec, layout)
+    n_diff, n_outside, n_near = disagreements(r.exact, twin, margin, scores)
+    assert n_outside == 0 and n_near <= 1e-3 * twin.numel()
+    check_lists(r)
+    if math.isinf(rec.sol_tau):
+        assert bool(r.exact.all())
+
+
+@cpu_only
 def test_sol_tau_edges_and_density_search():
     q, k, v, layout = synthetic(640, 4, 2, 64, seed=5, prefix=(10, 60))
     sums = routing.block_sums(q, k, v, config=FAST)
@@ -397,6 +439,10 @@ def test_h3_shape_routing_on_the_gpu_matches_the_twin():
         print(f"H3 {name}: density {r.density:.4f} (twin {float(twin.float().mean()):.4f}), "
               f"{n_diff} rounding disagreements, {n_near} pairs in the band of {twin.numel()}")
         assert n_outside == 0 and n_near <= 1e-3 * twin.numel()
+        rf = routing.sol_routing_fused(sums, rec, layout=layout)[3]  # the one-launch front
+        f_diff, f_outside, _ = disagreements(rf.exact, twin, margin, scores)
+        print(f"H3 {name}, one-launch front: {f_diff} rounding disagreements")
+        assert f_outside == 0
         torch.testing.assert_close(r.kc, kcent, rtol=1e-4, atol=1e-5)
         blocks, counts = routing.compact_blocks(r.exact)  # the list pass against its twin
         assert torch.equal(r.blocks, blocks) and torch.equal(r.counts, counts)

@@ -126,6 +126,25 @@ def test_sparse_kernel_error_within_125_percent_of_the_emulation(S, H, Hkv, D, n
 
 
 @cpu_only
+@pytest.mark.parametrize("name", ["fp8_sol_kv_corrected",
+                                  "fp8_sol_k:sol_threshold=diag,sol_tau=0.5"])
+def test_sol_front_in_one_launch_gives_the_calls_accuracy(name):
+    """``RoutingConfig.sol_front="triton"`` in a whole call: within 1.25x of the emulation's
+    error, and within a fraction of it of the call with the torch front (its statistics differ
+    only in the order of FP32 additions)."""
+    q, k, v, layout = synthetic(400, 4, 2, 64, seed=7)
+    ref, _ = dense_attention_f64(q, k, v)
+    emu = recipe_attention(q, k, v, name, layout=layout)
+    cfg = DEFAULT.with_sparse(kv_splits=1, summary_precision="ieee")
+    base = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=cfg)
+    fused = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout,
+                                          config=cfg.with_routing(sol_front="triton"))
+    e_e = rel_l2(emu.out, ref)
+    assert rel_l2(fused, ref) <= 1.25 * e_e
+    assert rel_l2(fused, base.double()) < 0.1 * e_e
+
+
+@cpu_only
 def test_kv_parts_summary_precisions_and_schedules_agree():
     """The heavy-first work list gives the grid order's bits (gathered loads). KV parts (2, 4 +
     the combine pass) round P against each part's own running max, BF16 summary operands round

@@ -235,6 +235,7 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
         ("block sums 2 warps", base.with_routing(block_warps=2)),
         ("block sums 4 rows", base.with_routing(block_rows=4)),
+        ("Sol routing front in one Triton launch", base.with_routing(sol_front="triton")),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]
 

@@ -265,6 +265,12 @@ class RoutingConfig:
     shapes (32 / 16 rows x 2 warps, two runs; calls 10.54 ms; code at b82b463).
     list_rows: list rows (b, h, i) per program of the list pass (each padded to a power of two
     of key blocks); list_warps per program.
+    sol_front: how a sparse Sol call gets mu_K, mu_V, V's absmax, kc, vc, the query block means
+    and theta from the block sums: "torch" (about thirty small launches, the twin's own ops) or
+    "triton" (``routing.sol_routing_fused``: one launch, a program per K/V head, the exact
+    threshold taken by the list pass from the scores' rows as their mean + tau x their standard
+    deviation, which it equals; the same values up to FP32 rounding). Not yet measured on the
+    GPU: "torch" stays the default.
     """
 
     block_rows: int = 2
@@ -272,12 +278,16 @@ class RoutingConfig:
     group_heads: int = 8
     list_rows: int = 4
     list_warps: int = 4
+    sol_front: str = "torch"
 
     def __post_init__(self) -> None:
         for name in ("block_rows", "block_warps", "group_heads", "list_rows"):
             n = getattr(self, name)
             if n < 1 or n & (n - 1):
                 raise ValueError(f"RoutingConfig.{name}: {n} is not a power of two")
+        if self.sol_front not in ("torch", "triton"):
+            raise ValueError(f"RoutingConfig.sol_front: {self.sol_front!r} is not 'torch' or "
+                             "'triton'")
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,10 @@ def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | Non
     V: the block sums give the statistics the quantizer centres with (zeros where not smoothed)
     and the routing, whose Sol summary blocks are centred with the same means. config: the
     routing passes' launch shapes."""
+    if recipe.sparsity == "sol" and config.sol_front == "triton":
+        sums = routing.block_sums(q, k, v, block=64, minmax=True, config=config)
+        return routing.sol_routing_fused(sums, recipe, layout=layout, scale=scale,
+                                         config=config)
     sums, mu_k, mu_v, v_amax = sparse_statistics(q, k, v, recipe, config)
     return mu_k, mu_v, v_amax, route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k, mu_v,
                                                config)

@@ -14,7 +14,11 @@ Which part runs where:
   summation order, no atomics: bitwise the same output run to run.
 - torch (small dense parts): block means, K/V centring of the block sums, the coarse scores
   [B, H, nq, nk] (nq = nk = 510 at the H3 shape) and Sol's thresholds theta [B, H, nq] (the
-  twin's own ``sol_scores``, so the decisions are the twin's given the same sums).
+  twin's own ``sol_scores``, so the decisions are the twin's given the same sums). The option
+  ``RoutingConfig.sol_front="triton"`` (``sol_routing_fused``) makes all of it but the scores'
+  matmul in one launch (``_sol_front_kernel``) and has the list pass take the exact threshold
+  from each row of scores (their mean + tau x their standard deviation, which
+  ``sol_threshold``'s covariance form equals): the same decisions up to rounding ties.
 - Triton (``_lists_kernel``, one pass, ``RoutingConfig.list_rows`` list rows (b, h, i) per
   program):
   Sol's decisions (score > theta, the diagonal band, the sink: bitwise ``sol_exact``) or VSA's
@@ -211,6 +215,124 @@ def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int 
     return BlockSums(qsum, kv[0], kv[1], vmax, vmin, lens, S, block)
 
 
+# -- Sol's routing front in one launch (RoutingConfig.sol_front="triton") ----------------------
+@triton.jit
+def _front_rows(base, r0, r, d, NB, LENS, HEAD_D: tl.constexpr):
+    """Rows r0 + r of a [NB, HEAD_D] block-sum matrix at `base`: (block indices, row mask
+    [ROWS, 1], element offsets [ROWS, HEAD_D], block lengths [ROWS, 1])."""
+    j = r0 + r
+    off = base + j[:, None] * HEAD_D + d[None, :]
+    return j, (j < NB)[:, None], off, tl.load(LENS + j, mask=j < NB, other=1.0)[:, None]
+
+
+@triton.jit
+def _sol_front_kernel(QS, KS, VS, VMAX, VMIN, LENS, MU_K, MU_V, V_AMAX, KC, VC, QBAR, THETA,
+                      n_seq, NB, GROUP, tau, c,
+                      HEAD_D: tl.constexpr, ROWS: tl.constexpr, SMOOTH_K: tl.constexpr,
+                      SMOOTH_V: tl.constexpr, DIAG: tl.constexpr):
+    """Program bh = one (batch, kv head): from the block sums, mu_K, mu_V, V's centred absmax,
+    kc = ksum / len - mu_K and vc = vsum - len * mu_V [NB, D]; for its GROUP query heads qbar =
+    qsum / len [NB, D] and, with DIAG, Sol's diagonal theta [NB] = (qbar . kbar + tau *
+    sqrt(sum_d qbar_d^2 var_d(kc))) * c (the exact threshold needs the scores: the list pass
+    takes it from their rows). QS [B * H, NB, D]; KS, VS, VMAX, VMIN [B * Hkv, NB, D]; LENS
+    [NB]; outputs as ``sol_front`` says."""
+    bh = tl.program_id(0)
+    d = tl.arange(0, HEAD_D)
+    r = tl.arange(0, ROWS)
+    base = bh * NB * HEAD_D
+    # `while`, not `for`: run-time `for` bounds fail in triton 3.6's interpreter
+    ks = tl.zeros([HEAD_D], tl.float32)
+    vs = tl.zeros([HEAD_D], tl.float32)
+    hi = tl.full([HEAD_D], float("-inf"), tl.float32)
+    lo = tl.full([HEAD_D], float("inf"), tl.float32)
+    r0 = 0
+    while r0 < NB:
+        j = r0 + r
+        m = (j < NB)[:, None]
+        off = base + j[:, None] * HEAD_D + d[None, :]
+        ks += tl.sum(tl.load(KS + off, mask=m, other=0.0), axis=0)
+        vs += tl.sum(tl.load(VS + off, mask=m, other=0.0), axis=0)
+        hi = tl.maximum(hi, tl.max(tl.load(VMAX + off, mask=m, other=float("-inf")), axis=0))
+        lo = tl.minimum(lo, tl.min(tl.load(VMIN + off, mask=m, other=float("inf")), axis=0))
+        r0 += ROWS
+    mu_k = tl.zeros([HEAD_D], tl.float32)
+    mu_v = tl.zeros([HEAD_D], tl.float32)
+    if SMOOTH_K:
+        mu_k = ks / n_seq
+    if SMOOTH_V:
+        mu_v = vs / n_seq
+    tl.store(MU_K + bh * HEAD_D + d, mu_k)
+    tl.store(MU_V + bh * HEAD_D + d, mu_v)
+    tl.store(V_AMAX + bh * HEAD_D + d, tl.maximum(tl.abs(hi - mu_v), tl.abs(lo - mu_v)))
+    # kc, vc and the mean of kc over the blocks
+    kbar = tl.zeros([HEAD_D], tl.float32)
+    r0 = 0
+    while r0 < NB:
+        j, m, off, ln = _front_rows(base, r0, r, d, NB, LENS, HEAD_D)
+        kc = tl.load(KS + off, mask=m, other=0.0) / ln - mu_k[None, :]
+        tl.store(KC + off, kc, mask=m)
+        tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :], mask=m)
+        kbar += tl.sum(tl.where(m, kc, 0.0), axis=0)
+        r0 += ROWS
+    kbar = kbar / NB
+    if DIAG:  # per channel variance of kc over the blocks (kc recomputed, as stored)
+        dvar = tl.zeros([HEAD_D], tl.float32)
+        r0 = 0
+        while r0 < NB:
+            j, m, off, ln = _front_rows(base, r0, r, d, NB, LENS, HEAD_D)
+            dev = tl.where(m, tl.load(KS + off, mask=m, other=0.0) / ln - mu_k[None, :]
+                           - kbar[None, :], 0.0)
+            dvar += tl.sum(dev * dev, axis=0)
+            r0 += ROWS
+        dvar = dvar / NB
+    g = 0
+    while g < GROUP:
+        hq = bh * GROUP + g  # the query heads of (batch b, kv head h) are b * H + h * GROUP + g
+        qbase = hq * NB * HEAD_D
+        r0 = 0
+        while r0 < NB:
+            j, m, off, ln = _front_rows(qbase, r0, r, d, NB, LENS, HEAD_D)
+            qb = tl.load(QS + off, mask=m, other=0.0) / ln
+            tl.store(QBAR + off, qb, mask=m)
+            if DIAG:
+                mu = tl.sum(qb * kbar[None, :], axis=1) * c
+                var = tl.sum(qb * qb * dvar[None, :], axis=1)
+                theta = mu + tau * (tl.sqrt(tl.maximum(var, 0.0)) * c)
+                tl.store(THETA + hq * NB + j, theta, mask=j < NB)
+            r0 += ROWS
+        g += 1
+
+
+def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *, rows: int = 32):
+    """One launch for what ``kv_moments``, ``sol_centred``, ``BlockSums.qbar`` and (diagonal
+    threshold only) ``sol_threshold`` compute from the block sums (those torch ops are its twin;
+    the same values up to the order of FP32 additions): (mu_k, mu_v, v_amax [B, Hkv, D], kc, vc
+    [B, Hkv, nb, D], qbar [B, H, nb, D], theta [B, H, nb] or None). theta: the diagonal
+    threshold's; tau infinite: filled with tau; the exact threshold's: None (``sol_lists`` takes
+    it from the scores' rows, ``sol_routing_fused``). Needs ``block_sums(..., minmax=True)``."""
+    if sums.vmax is None or sums.vmin is None:
+        raise ValueError("sol_front: the block sums were taken without minmax=True")
+    B, H, nb, D = sums.qsum.shape
+    Hkv = sums.ksum.shape[1]
+    f32 = {"dtype": torch.float32, "device": sums.qsum.device}
+    mu_k, mu_v, v_amax = (torch.empty((B, Hkv, D), **f32) for _ in range(3))
+    kc, vc = torch.empty_like(sums.ksum), torch.empty_like(sums.vsum)
+    qbar = torch.empty_like(sums.qsum)
+    tau_inf = not math.isfinite(recipe.sol_tau)
+    diag = recipe.sol_threshold == "diag" and not tau_inf
+    theta = None
+    if tau_inf:
+        theta = torch.full((B, H, nb), recipe.sol_tau, **f32)
+    elif diag:
+        theta = torch.empty((B, H, nb), **f32)
+    _sol_front_kernel[(B * Hkv,)](
+        sums.qsum, sums.ksum, sums.vsum, sums.vmax, sums.vmin, sums.lens, mu_k, mu_v, v_amax,
+        kc, vc, qbar, theta if diag else qbar, float(sums.seq_len), nb, H // Hkv,
+        recipe.sol_tau if diag else 0.0, scale * LOG2E,
+        HEAD_D=D, ROWS=rows, SMOOTH_K=recipe.smooth_k, SMOOTH_V=recipe.smooth_v, DIAG=diag,
+    )
+    return mu_k, mu_v, v_amax, kc, vc, qbar, theta
+
 @dataclass(frozen=True)
 class BlockRouting:
     """Per-query-block key-block lists (see the module docstring for the layout).
@@ -264,14 +386,17 @@ def compact_blocks(exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @triton.jit
 def _lists_kernel(
     SCORES, THETA, MASK, BLOCKS, COUNTS, EXACT,
-    R, nq, nk, band, sink_blocks, keep, stride_s, stride_m,
+    R, nq, nk, band, sink_blocks, keep, stride_s, stride_m, tau,
     NK_PAD: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, EXEMPT: tl.constexpr,
+    THETA_ROW: tl.constexpr = False,
 ):
     """ROWS list rows r = (b * H + h) * nq + i per program. MODE "sol": decide exact = score >
     theta | |i - j| <= band | j < sink_blocks (``sol_exact``); "topk": VSA's ``keep`` largest
     scores (``vsa_select``: with EXEMPT the sink blocks are kept besides and do not compete),
     every score at least the keep-th largest (ties at that value are all kept: torch's top-k
-    keeps only some of them); both store the decisions; "mask": read them.
+    keeps only some of them); both store the decisions; "mask": read them. THETA_ROW (Sol):
+    theta = the row's mean score + tau x their standard deviation instead of THETA (what the
+    exact threshold is: mean_j qbar . kc_j and qbar^T cov(kc) qbar, ``sol_threshold``).
     Then the compaction of ``compact_blocks``: exact blocks to cs - 1, the others to
     count + j - cs."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -281,7 +406,12 @@ def _lists_kernel(
     r64 = r.to(tl.int64)  # R * nk may pass 2^31 at long sequences
     if MODE == "sol":
         s = tl.load(SCORES + r64[:, None] * stride_s + j[None, :], mask=ok, other=0.0)
-        theta = tl.load(THETA + r, mask=row_ok, other=0.0)
+        if THETA_ROW:
+            mean = tl.sum(s, axis=1) / nk
+            dev = tl.where(ok, s - mean[:, None], 0.0)
+            theta = mean + tau * tl.sqrt(tl.sum(dev * dev, axis=1) / nk)
+        else:
+            theta = tl.load(THETA + r, mask=row_ok, other=0.0)
         i = r % nq
         exact = ((s > theta[:, None]) | (tl.abs(i[:, None] - j[None, :]) <= band)
                  | (j < sink_blocks)[None, :])
@@ -326,9 +456,10 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
-                  sink_blocks=0, mask=None, keep=None, exempt=False):
-    """R list rows of nk key blocks: Sol from scores [R, nk] / theta [R], VSA's top ``keep`` of
-    scores [R, nk], or from the bool mask [R, nk] (unit stride along nk) -> (blocks [R, nk]
+                  sink_blocks=0, mask=None, keep=None, exempt=False, tau=None):
+    """R list rows of nk key blocks: Sol from scores [R, nk] / theta [R] (or, given tau, theta
+    = the row's mean + tau x its standard deviation: Sol's exact threshold), VSA's top ``keep``
+    of scores [R, nk], or from the bool mask [R, nk] (unit stride along nk) -> (blocks [R, nk]
     int32, counts [R] int32, exact)."""
     mode = "mask" if mask is not None else ("topk" if keep is not None else "sol")
     blocks = torch.empty((R, nk), dtype=torch.int32, device=device)
@@ -341,11 +472,13 @@ def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
         raise ValueError(f"RoutingConfig.list_rows: {rows} is not a power of two")
     # an unused operand's pointer is another tensor of the call (MODE is constexpr: never read)
     src = mask.view(torch.uint8) if mode == "mask" else scores
+    row_theta = mode == "sol" and tau is not None
     _lists_kernel[(triton.cdiv(R, rows),)](
-        src, theta if mode == "sol" else counts, src, blocks, counts, exact.view(torch.uint8),
-        R, nq, nk, band, sink_blocks, keep or 0, src.stride(0), src.stride(0),
+        src, theta if mode == "sol" and not row_theta else counts, src, blocks, counts,
+        exact.view(torch.uint8), R, nq, nk, band, sink_blocks, keep or 0, src.stride(0),
+        src.stride(0), float(tau) if row_theta else 0.0,
         NK_PAD=triton.next_power_of_2(nk), ROWS=rows, MODE=mode, EXEMPT=bool(exempt),
-        num_warps=config.list_warps,
+        THETA_ROW=row_theta, num_warps=config.list_warps,
     )
     return blocks, counts, exact
 
@@ -484,6 +617,33 @@ def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
                                       config=config)
     return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc)
+
+
+def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
+                      layout: SegmentLayout | None = None, scale: float | None = None,
+                      config: RoutingConfig = DEFAULT.routing):
+    """``sol_routing`` from block sums taken with ``minmax=True``, its front in one launch
+    (``sol_front``; ``RoutingConfig.sol_front="triton"``): (mu_k, mu_v, v_amax [B, Hkv, D],
+    BlockRouting). The scores and lists as in ``sol_routing``."""
+    recipe = _recipe_for(recipe, "sol")
+    if sums.block != recipe.sol_block:
+        raise ValueError(f"sums: block {sums.block} does not match the recipe's sol_block "
+                         f"{recipe.sol_block}")
+    layout = _layout_for(layout, sums.seq_len)
+    D = sums.qsum.shape[-1]
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
+    mu_k, mu_v, v_amax, kc, vc, qbar, theta = sol_front(sums, recipe, scale)
+    group = qbar.shape[1] // kc.shape[1]
+    scores = (qbar @ _expand(kc, group).transpose(-1, -2)) * (scale * LOG2E)  # as sol_scores
+    *lead, nq, nk = scores.shape
+    blocks, counts, exact = _launch_lists(
+        math.prod(lead) * nq, nq, nk, scores.device, config, scores=_rows(scores), theta=theta,
+        tau=recipe.sol_tau if theta is None else None, band=recipe.sol_band,
+        sink_blocks=sink_blocks(layout.prefix_len, recipe.sol_block))
+    blocks, counts, exact = (blocks.view(scores.shape), counts.view(*lead, nq),
+                             exact.view(scores.shape))
+    return mu_k, mu_v, v_amax, BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens,
+                                            kc, vc)
 
 
 def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
