@@ -235,7 +235,7 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
         ("block sums 2 warps", base.with_routing(block_warps=2)),
         ("block sums 4 rows", base.with_routing(block_rows=4)),
-        ("Sol routing front in one Triton launch", base.with_routing(sol_front="triton")),
+        ("Sol routing front in torch ops", base.with_routing(sol_front="torch")),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]
 
