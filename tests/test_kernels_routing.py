@@ -233,6 +233,12 @@ def test_sol_front_in_one_launch_equals_the_torch_front(S, H, Hkv, D, name, pref
     kh = routing._expand(kc, H // Hkv)
     _, theta = sol_scores(sums.qbar, kh, rec, scale * LOG2E)
     front = routing.sol_front(sums, rec, scale)
+    # several programs per K/V head, each a share of the rows: the same bits as one (at the
+    # same ROWS, so the same order of additions)
+    one = routing.sol_front(sums, rec, scale, rows=4, parts=1)
+    parts = routing.sol_front(sums, rec, scale, rows=4, parts=3)
+    for a, b in zip(one, parts):
+        assert (a is None and b is None) or torch.equal(a, b)
     # theta: the diagonal threshold's, or tau where infinite; the exact one is the list pass's
     exact_thr = rec.sol_threshold == "exact" and math.isfinite(rec.sol_tau)
     assert (front[6] is None) == exact_thr
