@@ -305,8 +305,8 @@ def _sol_front_kernel(QS, KS, VS, VMAX, VMIN, LENS, MU_K, MU_V, V_AMAX, KC, VC, 
             r0 += ROWS
         g += 1
 
-def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *, rows: int = 32,
-              parts: int = 4):
+def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *,
+              rows: int = DEFAULT.routing.front_rows, parts: int = DEFAULT.routing.front_parts):
     """One launch for what ``kv_moments``, ``sol_centred``, ``BlockSums.qbar`` and (diagonal
     threshold only) ``sol_threshold`` compute from the block sums (those torch ops are its twin;
     the same values up to the order of FP32 additions): (mu_k, mu_v, v_amax [B, Hkv, D], kc, vc
@@ -329,8 +329,7 @@ def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *, rows: i
     elif diag:
         theta = torch.empty((B, H, nb), **f32)
     # parts: programs per K/V head, each with a share of the rows (the statistics read by all;
-    # H200, H3 shape, exact threshold: the kernel 0.122 / 0.098 / 0.093 / 0.116 / 0.231 ms at
-    # 1 / 2 / 4 / 8 / 16 parts, the same bits)
+    # measured values: RoutingConfig.front_parts / front_rows)
     chunk = triton.cdiv(triton.cdiv(nb, parts), rows) * rows
     _sol_front_kernel[(B * Hkv, triton.cdiv(nb, chunk))](
         sums.qsum, sums.ksum, sums.vsum, sums.vmax, sums.vmin, sums.lens, mu_k, mu_v, v_amax,
@@ -640,7 +639,8 @@ def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
     layout = _layout_for(layout, sums.seq_len)
     D = sums.qsum.shape[-1]
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    mu_k, mu_v, v_amax, kc, vc, qbar, theta = sol_front(sums, recipe, scale)
+    mu_k, mu_v, v_amax, kc, vc, qbar, theta = sol_front(
+        sums, recipe, scale, rows=config.front_rows, parts=config.front_parts)
     group = qbar.shape[1] // kc.shape[1]
     scores = (qbar @ _expand(kc, group).transpose(-1, -2)) * (scale * LOG2E)  # as sol_scores
     *lead, nq, nk = scores.shape
