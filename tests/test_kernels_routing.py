@@ -253,6 +253,8 @@ def test_sol_front_in_one_launch_equals_the_torch_front(S, H, Hkv, D, name, pref
         scores = (sums.qbar @ kh.transpose(-1, -2)) * (scale * LOG2E)
         row = scores.mean(-1) + rec.sol_tau * scores.std(-1, unbiased=False)
         torch.testing.assert_close(row, theta, rtol=1e-4, atol=1e-5 * float(scores.abs().max()))
+        with pytest.raises(ValueError, match="theta or tau"):
+            routing.sol_lists(scores, theta, rec.sol_band, 0, tau=rec.sol_tau)
     f_mu_k, f_mu_v, f_amax, r = routing.sol_routing_fused(sums, rec, layout=layout, scale=scale,
                                                           config=FAST)
     for a, b in zip((f_mu_k, f_mu_v, f_amax, r.kc, r.vc), front[:5]):

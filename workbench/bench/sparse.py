@@ -245,26 +245,19 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
     (``dispatch.fp8_recipe_attention``), each timed alone on the same operands: block sums,
     routing given them, quantizer, the attention launches (with Sol's summary pass; the exact
     tiles alone), the BF16 prefix rows; gpu_ms (CUDA-graph replays) for the first two."""
-    from workbench.kernels import dispatch, routing
+    from workbench.kernels import dispatch
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.quantize import quantize_qkv
 
     B, S, H, D = q.shape
     scale = D ** -0.5
     rcfg = kernel_config.routing
-    front = recipe.sparsity == "sol" and rcfg.sol_front == "triton"
-    if front:  # as the call: the statistics come with the routing front, in one launch
-        sums = routing.block_sums(q, k, v, block=64, minmax=True, config=rcfg)
-        mu_k, mu_v, v_amax, _ = routing.sol_routing_fused(sums, recipe, layout=layout,
-                                                          scale=scale, config=rcfg)
-    else:
-        sums, mu_k, mu_v, v_amax = dispatch.sparse_statistics(q, k, v, recipe, rcfg)
+    sums = dispatch.sparse_block_sums(q, k, v, rcfg)
 
-    def route():
-        if front:
-            return routing.sol_routing_fused(sums, recipe, layout=layout, scale=scale,
-                                             config=rcfg)[3]
-        return dispatch.route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k, mu_v, rcfg)
+    def route():  # as the call: the statistics with the routing (Sol's front: one launch)
+        return dispatch.routing_given_sums(q, k, v, recipe, layout, scale, sums, rcfg)
+
+    mu_k, mu_v, v_amax, r = route()
 
     def quant():
         return quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
@@ -272,7 +265,6 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
                             v_bias_correction=recipe.v_bias_correction,
                             config=kernel_config.quant)
 
-    r = route()
     qkv = quant()
     prefix = layout.prefix_len if recipe.dense_prefix else 0
     out = torch.empty_like(q)
@@ -282,13 +274,9 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
                                  p_scaling=recipe.p_scaling, config=kernel_config.attention,
                                  routing=rt, sparse=kernel_config.sparse)
 
-    stats = ("block sums + V extremes", lambda: routing.block_sums(
-        q, k, v, block=64, minmax=True, config=rcfg)) if front else (
-        "block sums + V extremes and the statistics",
-        lambda: dispatch.sparse_statistics(q, k, v, recipe, rcfg))
     stages = [
-        stats,
-        ("routing (given the block sums)" + (", with the statistics" if front else ""), route),
+        ("block sums + V extremes", lambda: dispatch.sparse_block_sums(q, k, v, rcfg)),
+        ("statistics and routing (given the block sums)", route),
         ("quantizer", quant),
         ("attention launches", lambda: attend(r)),
     ]
@@ -300,7 +288,7 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
                                                                               scale)))
     # the two passes of many small launches also replayed from a CUDA graph: their GPU time
     # without the host's launch time (GPU test: test_routing_replays_from_a_cuda_graph)
-    graphed = {stats[0], stages[1][0]}
+    graphed = {stages[0][0], stages[1][0]}
     return [dict(what=what, ms=time_ms(fn, dev, rep_ms),
                  gpu_ms=gpu_ms(fn, dev, rep_ms) if what in graphed else None)
             for what, fn in stages]
@@ -327,7 +315,6 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
     from workbench.attention.runner import run_attention
     from workbench.kernels import routing
-    from workbench.kernels.config import DEFAULT as KERNEL_DEFAULT
     from workbench.recipes import get_recipe
 
     from .harness import env_info
@@ -417,7 +404,7 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
     # what a sparse call spends before its routing: the block sums and the statistics taken
     # from them (mu_K, mu_V, V's range: a few small launches), on the GPU
-    from workbench.kernels.dispatch import sparse_statistics
+    from workbench.kernels.dispatch import routing_given_sums, sparse_statistics
 
     def sums_and_stats():
         return sparse_statistics(q, k, v, sol_base)
@@ -441,7 +428,6 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     # the routing rows time routing given these sums (a sparse call takes them once, minmax
     # for its statistics), so that the block-sum pass above is not counted twice
     sums = routing.block_sums(q, k, v, block=64, minmax=True)
-    fused_front = KERNEL_DEFAULT.routing.sol_front == "triton"
     n_prefix_tiles = -(-prefix // 64)
     plan = []  # (Sol recipe, its density, VSA recipe or None, its density)
     targets = [(d, None) for d in cfg.densities] + [(None, t) for t in cfg.anchor_taus]
@@ -450,14 +436,12 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             tau = routing.sol_tau_for_density(q, k, v, sol_base, d, layout=layout, sums=sums)
         sol = sol_base.with_(sol_tau=tau)
         def sol_route(sol=sol, s=sums):  # as the calls route (RoutingConfig.sol_front)
-            if fused_front:
-                return routing.sol_routing_fused(s, sol, layout=layout)[3]
-            return routing.sol_routing(q, k, v, sol, layout=layout, sums=s)
+            return routing_given_sums(q, k, v, sol, layout, q.shape[-1] ** -0.5, s)[3]
 
         r = sol_route()
         ms_sol, g_sol = time_ms(sol_route, dev, cfg.rep_ms), gpu_ms(sol_route, dev, cfg.rep_ms)
-        what = "sol routing (given block sums" + (", with the statistics" if fused_front else "")
-        report["routing"].append(dict(what=f"{what}) tau={tau:.4g}",
+        report["routing"].append(dict(what=f"sol statistics and routing (given block sums) "
+                                           f"tau={tau:.4g}",
                                       target=d, ms=ms_sol, gpu_ms=g_sol, density=r.density))
         log(f"  target {d}: sol tau {tau:.4g} density {r.density:.4f} routing {ms_sol:.3f} ms"
             f" (GPU {_fmt(g_sol, '.3f')} ms)")

@@ -187,27 +187,41 @@ def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | Non
     V: the block sums give the statistics the quantizer centres with (zeros where not smoothed)
     and the routing, whose Sol summary blocks are centred with the same means. config: the
     routing passes' launch shapes."""
+    return routing_given_sums(q, k, v, recipe, layout, scale,
+                              sparse_block_sums(q, k, v, config), config)
+
+
+def sparse_block_sums(q, k, v, config: RoutingConfig = DEFAULT.routing):
+    """The first step of ``sparse_routing``: the block sums of one Q/K/V read, with V's
+    per-block extremes (what the statistics need)."""
+    return routing.block_sums(q, k, v, block=64, minmax=True, config=config)
+
+
+def routing_given_sums(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
+                       scale: float, sums, config: RoutingConfig = DEFAULT.routing):
+    """The second step of ``sparse_routing``: (mu_k, mu_v, v_amax [B, Hkv, D], BlockRouting)
+    from the block sums; Sol's front in one launch (``RoutingConfig.sol_front="triton"``:
+    ``routing.sol_routing_fused``), else the statistics in torch and ``route_from_sums``."""
     if recipe.sparsity == "sol" and config.sol_front == "triton":
-        sums = routing.block_sums(q, k, v, block=64, minmax=True, config=config)
         return routing.sol_routing_fused(sums, recipe, layout=layout, scale=scale,
                                          config=config)
-    sums, mu_k, mu_v, v_amax = sparse_statistics(q, k, v, recipe, config)
+    mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
     return mu_k, mu_v, v_amax, route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k, mu_v,
                                                config)
 
 
 def sparse_statistics(q, k, v, recipe: AttentionRecipe, config: RoutingConfig = DEFAULT.routing):
-    """The first step of ``sparse_routing``: (block sums of one Q/K/V read with V's per-block
-    extremes, mu_k, mu_v, v_amax [B, Hkv, D] from them)."""
-    sums = routing.block_sums(q, k, v, block=64, minmax=True, config=config)
+    """(block sums with V's per-block extremes, mu_k, mu_v, v_amax [B, Hkv, D] from them in
+    torch): what a sparse call computes before routing when its front is not fused."""
+    sums = sparse_block_sums(q, k, v, config)
     return (sums, *sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v))
 
 
 def route_from_sums(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
                     scale: float, sums, mu_k, mu_v,
                     config: RoutingConfig = DEFAULT.routing):
-    """The second step of ``sparse_routing``: the recipe's ``BlockRouting`` given the block sums
-    (Sol's summary blocks centred with the quantizer's means mu_k / mu_v)."""
+    """The recipe's ``BlockRouting`` given the block sums and the statistics in torch (Sol's
+    summary blocks centred with the quantizer's means mu_k / mu_v)."""
     if recipe.sparsity == "sol":
         return routing.sol_routing(q, k, v, recipe, layout=layout, scale=scale, sums=sums,
                                    mu_k=mu_k, mu_v=mu_v, config=config)

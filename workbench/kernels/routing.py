@@ -305,6 +305,7 @@ def _sol_front_kernel(QS, KS, VS, VMAX, VMIN, LENS, MU_K, MU_V, V_AMAX, KC, VC, 
             r0 += ROWS
         g += 1
 
+
 def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *,
               rows: int = DEFAULT.routing.front_rows, parts: int = DEFAULT.routing.front_parts):
     """One launch for what ``kv_moments``, ``sol_centred``, ``BlockSums.qbar`` and (diagonal
@@ -490,25 +491,31 @@ def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
     return blocks, counts, exact
 
 
-def sol_lists(scores: torch.Tensor, theta: torch.Tensor, band: int, sink_blocks: int, *,
-              config: RoutingConfig = DEFAULT.routing
+def sol_lists(scores: torch.Tensor, theta: torch.Tensor | None, band: int, sink_blocks: int, *,
+              tau: float | None = None, config: RoutingConfig = DEFAULT.routing
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sol's decisions and lists in one pass. scores [..., nq, nk] FP32, theta [..., nq] FP32 (as
-    ``sol_scores``), band: the diagonal half-width, sink_blocks: leading key blocks that are
-    always exact -> (blocks [..., nq, nk] int32, counts [..., nq] int32, exact [..., nq, nk]
-    bool), equal to ``compact_blocks(sol_exact(...))``."""
+    ``sol_scores``), or theta None and a finite tau: each row's mean score + tau x their
+    standard deviation (the exact threshold, ``sol_routing_fused``); band: the diagonal
+    half-width, sink_blocks: leading key blocks that are always exact -> (blocks [..., nq, nk]
+    int32, counts [..., nq] int32, exact [..., nq, nk] bool), equal to
+    ``compact_blocks(sol_exact(...))``."""
     *lead, nq, nk = scores.shape
-    if tuple(theta.shape) != (*lead, nq):
-        raise ValueError(f"theta: shape {tuple(theta.shape)}, expected {(*lead, nq)}")
+    if (theta is None) == (tau is None):
+        raise ValueError("sol_lists: give theta or tau, not both")
+    theta1 = None
+    if theta is not None:
+        if tuple(theta.shape) != (*lead, nq):
+            raise ValueError(f"theta: shape {tuple(theta.shape)}, expected {(*lead, nq)}")
+        theta1 = theta.reshape(-1).contiguous()
     scores2 = _rows(scores)
-    theta1 = theta.reshape(-1).contiguous()
-    if scores2.dtype != torch.float32 or theta1.dtype != torch.float32:
-        raise ValueError(f"sol_lists: scores / theta are {scores.dtype} / {theta.dtype}, "
-                         "expected float32")
+    if scores2.dtype != torch.float32 or (theta1 is not None and theta1.dtype != torch.float32):
+        raise ValueError(f"sol_lists: scores / theta are {scores.dtype} / "
+                         f"{None if theta is None else theta.dtype}, expected float32")
     blocks, counts, exact = _launch_lists(scores2.shape[0], nq, nk, scores.device, config,
                                           scores=scores2, theta=theta1, band=int(band),
-                                          sink_blocks=int(sink_blocks))
-    return blocks.view(scores.shape), counts.view(theta.shape), exact.view(scores.shape)
+                                          sink_blocks=int(sink_blocks), tau=tau)
+    return blocks.view(scores.shape), counts.view(*lead, nq), exact.view(scores.shape)
 
 
 def mask_lists(exact: torch.Tensor, *, config: RoutingConfig = DEFAULT.routing
@@ -643,13 +650,10 @@ def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
         sums, recipe, scale, rows=config.front_rows, parts=config.front_parts)
     group = qbar.shape[1] // kc.shape[1]
     scores = (qbar @ _expand(kc, group).transpose(-1, -2)) * (scale * LOG2E)  # as sol_scores
-    *lead, nq, nk = scores.shape
-    blocks, counts, exact = _launch_lists(
-        math.prod(lead) * nq, nq, nk, scores.device, config, scores=_rows(scores), theta=theta,
-        tau=recipe.sol_tau if theta is None else None, band=recipe.sol_band,
-        sink_blocks=sink_blocks(layout.prefix_len, recipe.sol_block))
-    blocks, counts, exact = (blocks.view(scores.shape), counts.view(*lead, nq),
-                             exact.view(scores.shape))
+    blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
+                                      sink_blocks(layout.prefix_len, recipe.sol_block),
+                                      tau=recipe.sol_tau if theta is None else None,
+                                      config=config)
     return mu_k, mu_v, v_amax, BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens,
                                             kc, vc)
 
