@@ -76,6 +76,29 @@ def test_sparse_table_has_the_ratios_and_the_skip_reasons():
     assert "| block sums of Q, K, V | 0.500 |  | 1.25 |  | 2.80 |" in md  # no graph time
 
 
+def test_sparse_table_graph_columns_where_timed():
+    """--graph rows: the CUDA-graph time beside the eager one, its ratio against NVIDIA's graph
+    time at the same tau; a row that could not be captured shows none."""
+    rep = sparse_report()
+    for r in rep["rows"]:
+        if "ms" in r:
+            r["graph_ms"] = r["ms"] / 2
+    rep["rows"][0]["graph_ms"] = None  # not capturable
+    rep["rows"][-1]["graph_ms"] = 4.0
+    md = sparse.markdown(rep)
+    assert "| x NVIDIA Sol | CUDA-graph ms | x NVIDIA Sol, graphs |" in md
+    sol = next(ln for ln in md.splitlines() if ln.startswith("| ours FP8 Sol"))
+    cells = [c.strip() for c in sol.split("|")]
+    assert cells[4] == "5.000" and cells[7] == "2.00" and cells[8] == "2.500"
+    assert cells[9] == "1.60"  # 4.0 / 2.5
+    sdpa = [c.strip() for c in md.splitlines()[4].split("|")]
+    assert sdpa[1] == "sdpa_cudnn_bf16" and sdpa[8] == "" and sdpa[10] == "1.700e-03"
+    assert "CUDA-graph ms: the same call captured once" in md
+    assert "CUDA-graph" not in sparse.markdown(sparse_report())
+    assert sparse.config_from_args(sparse.parse_args(["--graph"])).graph
+    assert not sparse.config_from_args(sparse.parse_args([])).graph
+
+
 def test_density_fit_splits_calls_into_fixed_and_per_density_parts():
     """ms = fixed + slope x density per variant, from its rows at densities in (0, 1); a variant
     timed at one density (or skipped) has no line; the slope is also given against our dense

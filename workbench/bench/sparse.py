@@ -82,6 +82,9 @@ class SparseBenchConfig:
     dense_recipe: str = DENSE_RECIPE
     device: str = "cuda"  # "cpu": a smoke run of the plumbing (routing in Triton's interpreter)
     board_s: float = 1.0  # per row: seconds of back-to-back calls under harness.board_under_load
+    # per row also the GPU time of CUDA-graph replays (``gpu_ms``): below ~16k tokens a sparse
+    # call's eager time is the host's launch time, not the GPU's
+    graph: bool = False
 
 
 def vsa_keep_for_density(density: float, n_tiles: int, n_prefix: int) -> float:
@@ -363,6 +366,8 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             row["rel_l2"] = _rel_l2(out[:, idx], ref)
             del out
             row["ms"] = time_ms(fn, dev, cfg.rep_ms)
+            if cfg.graph:
+                row["graph_ms"] = gpu_ms(fn, dev, cfg.rep_ms)
             if dev == "cuda" and cfg.board_s > 0:
                 from .harness import board_under_load
 
@@ -622,23 +627,35 @@ def markdown(report: dict) -> str:
     rows = report["rows"]
     base = next((r.get("ms") for r in rows if r["variant"] == "sdpa_cudnn_bf16"), None)
     peer = {r["tau"]: r.get("ms") for r in rows if r["variant"].startswith("NVIDIA")}
+    peer_g = {r["tau"]: r.get("graph_ms") for r in rows if r["variant"].startswith("NVIDIA")}
     board = any("sm_mhz" in r for r in rows)  # clock / power samples (older reports: none)
+    graph = any("graph_ms" in r for r in rows)  # --graph runs
     lines += ["| variant | tau | exact density | ms | ns / exact block | x SDPA cuDNN "
-              "| x NVIDIA Sol | rel-L2 vs f64 | emu rel-L2 |" + (BOARD_HEADER if board else "")
-              + " note |",
-              "|---|---|---|---|---|---|---|---|---|" + ("---|" if board else "") + "---|"]
+              "| x NVIDIA Sol |" + (" CUDA-graph ms | x NVIDIA Sol, graphs |" if graph else "")
+              + " rel-L2 vs f64 | emu rel-L2 |" + (BOARD_HEADER if board else "") + " note |",
+              "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if graph else "")
+              + ("---|" if board else "") + "---|"]
     for r in rows:
         ms = r.get("ms")
         x_sdpa = _fmt(base / ms, ".2f") if base and ms else ""
         ours_sol = r["route"] == "sol" and not r["variant"].startswith("NVIDIA")
         p = peer.get(r["tau"]) if ours_sol else None
         x_peer = _fmt(p / ms, ".2f") if p and ms else ""
+        g_cells = ""
+        if graph:
+            g, pg = r.get("graph_ms"), peer_g.get(r["tau"]) if ours_sol else None
+            g_cells = (f" {_fmt(g, '.3f') if 'graph_ms' in r else ''} |"
+                       f" {_fmt(pg / g, '.2f') if pg and g else ''} |")
         note = r.get("skipped") and f"skipped: {r['skipped']}" or r.get("note", "")
         lines.append(
             f"| {r['variant']} | {_fmt(r['tau'], '.4g')} | {r['density']:.4f} | {_fmt(ms, '.3f')} "
-            f"| {_fmt(r.get('ns_per_exact_pair'), '.2f')} | {x_sdpa} | {x_peer} "
-            f"| {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} |"
+            f"| {_fmt(r.get('ns_per_exact_pair'), '.2f')} | {x_sdpa} | {x_peer} |" + g_cells
+            + f" {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} |"
             + (board_cell(r) if board else "") + f" {note} |")
+    if graph:
+        lines += ["", "ms: eager calls (`do_bench` medians; each call starts on an idle queue); "
+                  "CUDA-graph ms: the same call captured once and replayed (the GPU's time "
+                  "without the host's launch time; empty where the call cannot be captured)."]
     if board:
         lines += ["", BOARD_NOTE]
     fits = density_fits(rows)
@@ -696,6 +713,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-bf16", action="store_true", help="skip the BF16 Sol rows")
     p.add_argument("--taus", type=float, nargs="*", default=[1.0],
                    help="Sol rows (and NVIDIA's) at these taus too")
+    p.add_argument("--graph", action="store_true",
+                   help="also time each row from CUDA-graph replays (short sequences: the "
+                        "GPU's time without the host's launch time)")
     add_board_argument(p, 1.0)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run of the plumbing (set TRITON_INTERPRET=1)")
@@ -743,7 +763,7 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
                              sweep=not args.no_sweep, sweep_rounds=args.sweep_rounds,
                              stages=not args.no_stages,
                              bf16=not args.no_bf16, board_s=args.board_s,
-                             anchor_taus=tuple(args.taus))
+                             anchor_taus=tuple(args.taus), graph=args.graph)
 
 
 def write_report(report: dict, md: str, json_path: str | None, md_path: str | None) -> None:
