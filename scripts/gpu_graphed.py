@@ -2,9 +2,9 @@
 (GPU).
 
 For each length and recipe: the eager call (``run_attention(..., backend="kernel")``, a
-``do_bench`` median: each timed call starts on an idle queue, as a call after any host work
-does), the graph's replay with the inputs copied in (``att(q, k, v)``) and in place
-(``att()``), interleaved rounds; the host's time to issue one eager call while the GPU is busy
+``do_bench`` median: where the host is the bottleneck, its time to issue the call), the graph's
+replay with the inputs copied in (``att(q, k, v)``) and in place (``att()``), interleaved
+rounds; the host's time to issue one eager call while the GPU is busy
 with earlier work; and whether the replay's output equals the eager one bit for bit. Synthetic
 H3 proportions (``small_config`` below the live length, the live H3 layout at 32,626).
 

@@ -28,6 +28,9 @@ def test_refuses_cpu_tensors_and_no_warmup_naming_them():
         GraphedAttention(q, k, v, "fp8_sol_kv_corrected", layout=layout)
     with pytest.raises(ValueError, match="q is a list"):
         GraphedAttention([1.0], k, v, "fp8_sol_kv_corrected", layout=layout)
+    if torch.cuda.is_available():  # a CUDA q with a CPU k: refused, naming k
+        with pytest.raises(ValueError, match="k is on cpu"):
+            GraphedAttention(q.cuda(), k, v, "fp8_sol_kv_corrected", layout=layout)
     with pytest.raises(ValueError, match="warmup 0"):
         GraphedAttention(q, k, v, "fp8_sol_kv_corrected", layout=layout, warmup=0)
 

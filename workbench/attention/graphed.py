@@ -4,7 +4,7 @@ launch time.
 A kernel call of a sparse recipe is about twenty launches (block sums, the routing front, the
 scores' matmul, the lists, the quantizer, the summary operands, the exact tiles, the BF16
 prefix rows on a side stream). Issuing them from Python takes about 2 ms on the H200's host,
-which at S = 8192 is more than the GPU needs for them (1.92 ms per call issued eagerly against
+which at S = 8192 is more than the GPU needs for them (2.36 ms per call issued eagerly against
 1.23 ms replayed, H3 proportions, 56 heads, ``fp8_sol_kv_corrected``; BENCHMARKS.md). At the
 full H3 length the GPU is the longer of the two and a graph gains nothing. ``GraphedAttention``
 is ``run_attention`` for one fixed shape, recipe and layout, captured once; each call copies the
@@ -48,6 +48,9 @@ class GraphedAttention:
             if t.device.type != "cuda":
                 raise ValueError(f"GraphedAttention: {name} is on {t.device}; CUDA graphs need "
                                  "CUDA tensors (use run_attention elsewhere)")
+            if t.device != q.device:
+                raise ValueError(f"GraphedAttention: {name} is on {t.device}, q on {q.device}; "
+                                 "one graph runs on one device")
         self.recipe = get_recipe(recipe).at(step, layer)
         self._inputs = tuple(t.detach().clone() for t in (q, k, v))
 
@@ -56,21 +59,24 @@ class GraphedAttention:
                                  backend=backend)
 
         # warm-up on a side stream, as torch's capture expects (lazy initialisation and the
-        # kernels' compilation stay out of the graph)
-        side = torch.cuda.Stream(device=q.device)
-        side.wait_stream(torch.cuda.current_stream(q.device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                call()
-        torch.cuda.current_stream(q.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(self.graph):
-                self.out = call()
-        except RuntimeError as exc:
-            raise RuntimeError(f"GraphedAttention: recipe {self.recipe.to_string()!r} with "
-                               f"backend {backend!r} could not be captured in a CUDA graph "
-                               f"({str(exc).splitlines()[0][:200]})") from exc
+        # kernels' compilation stay out of the graph); both on q's device, also when another
+        # one is current
+        with torch.cuda.device(q.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    call()
+            torch.cuda.current_stream().wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(self.graph):
+                    self.out = call()
+            except RuntimeError as exc:
+                first = (str(exc).splitlines() or [type(exc).__name__])[0]
+                raise RuntimeError(f"GraphedAttention: recipe {self.recipe.to_string()!r} with "
+                                   f"backend {backend!r} could not be captured in a CUDA graph "
+                                   f"({first[:200]})") from exc
 
     @property
     def inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -96,5 +102,6 @@ class GraphedAttention:
         for t, buf in zip((q, k, v), self._inputs):
             if t is not None and t is not buf:
                 buf.copy_(t)
-        self.graph.replay()
+        with torch.cuda.device(self._inputs[0].device):
+            self.graph.replay()
         return self.out

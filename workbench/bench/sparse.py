@@ -82,8 +82,8 @@ class SparseBenchConfig:
     dense_recipe: str = DENSE_RECIPE
     device: str = "cuda"  # "cpu": a smoke run of the plumbing (routing in Triton's interpreter)
     board_s: float = 1.0  # per row: seconds of back-to-back calls under harness.board_under_load
-    # per row also the GPU time of CUDA-graph replays (``gpu_ms``): below ~16k tokens a sparse
-    # call's eager time is the host's launch time, not the GPU's
+    # per row also "graph_ms", the GPU time of CUDA-graph replays (``gpu_ms``; CUDA only): below
+    # ~16k tokens a sparse call's eager time is the host's launch time, not the GPU's
     graph: bool = False
 
 
@@ -366,14 +366,21 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             row["rel_l2"] = _rel_l2(out[:, idx], ref)
             del out
             row["ms"] = time_ms(fn, dev, cfg.rep_ms)
-            if cfg.graph:
-                row["graph_ms"] = gpu_ms(fn, dev, cfg.rep_ms)
+            if cfg.graph and dev == "cuda":
+                try:  # a row whose capture fails keeps its eager time
+                    row["graph_ms"] = gpu_ms(fn, dev, cfg.rep_ms)
+                except Exception as exc:  # noqa: BLE001 - reported in the row's note
+                    row["graph_ms"] = None
+                    row["note"] = (row.get("note", "") + f" no graph time: {type(exc).__name__}"
+                                   ).strip()
+                    torch.cuda.empty_cache()
             if dev == "cuda" and cfg.board_s > 0:
                 from .harness import board_under_load
 
                 row.update(board_under_load(fn, cfg.board_s))
         except Exception as exc:  # noqa: BLE001 - one variant failing must not stop the table
-            row["skipped"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            first = (str(exc).splitlines() or [""])[0]
+            row["skipped"] = f"{type(exc).__name__}: {first[:160]}"
             log(f"  {variant}: skipped ({row['skipped']})")
             torch.cuda.empty_cache()
             return row
@@ -653,9 +660,10 @@ def markdown(report: dict) -> str:
             + f" {_fmt(r.get('rel_l2'), '.3e')} | {_fmt(r.get('emu_rel_l2'), '.3e')} |"
             + (board_cell(r) if board else "") + f" {note} |")
     if graph:
-        lines += ["", "ms: eager calls (`do_bench` medians; each call starts on an idle queue); "
-                  "CUDA-graph ms: the same call captured once and replayed (the GPU's time "
-                  "without the host's launch time; empty where the call cannot be captured)."]
+        lines += ["", "ms: eager calls (`do_bench` medians: where the host is the bottleneck, "
+                  "its time to issue a call); CUDA-graph ms: the same call captured once and "
+                  "replayed (the GPU's time without the host's launch time; empty where the call "
+                  "cannot be captured)."]
     if board:
         lines += ["", BOARD_NOTE]
     fits = density_fits(rows)
