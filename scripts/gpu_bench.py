@@ -98,7 +98,8 @@ class Log:
 
 # GPU tests that another GPU script runs in its own call (scripts/gpu_sparse.py: the sparse
 # routing and kernels), kept out of this call's time plan
-OTHER_CALLS = ("tests/test_kernels_routing.py", "tests/test_kernels_sparse.py")
+OTHER_CALLS = ("tests/test_kernels_routing.py", "tests/test_kernels_sparse.py",
+               "tests/test_graphed.py")  # scripts/gpu_sparse.py runs these
 
 
 def gpu_test_files() -> list[str]:

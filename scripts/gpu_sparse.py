@@ -2,7 +2,8 @@
 
     set -o pipefail; PYTHONUNBUFFERED=1 python scripts/gpu_sparse.py 2>&1 | tee $OUT/log.txt
 
-1. ``pytest -m gpu tests/test_kernels_routing.py tests/test_kernels_sparse*.py``
+1. ``pytest -m gpu tests/test_kernels_routing.py tests/test_graphed.py
+   tests/test_kernels_sparse*.py``
    -> $OUT/pytest.txt (prints the rounding-disagreement counts of the routing at the H3 shape)
 2. ``python -m workbench.bench.sparse`` (synthetic H3 input (1, 32626, 56, 128); Sol / VSA at the
    target densities, dense FP8, SDPA cuDNN, NVIDIA ``sol_attn`` when importable)
@@ -63,7 +64,7 @@ def stage_command(name: str, args: argparse.Namespace, limit_s: float) -> list[s
     budget = ["--budget-s", str(int(0.7 * limit_s))]
     if name == "tests":
         return [py, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "gpu",
-                "tests/test_kernels_routing.py",
+                "tests/test_kernels_routing.py", "tests/test_graphed.py",
                 *sorted(glob.glob(os.path.join(ROOT, "tests", "test_kernels_sparse*.py")))]
     if name == "sparse":
         return [py, "-m", "workbench.bench.sparse", "--heads", str(args.heads), *dens, *budget,
