@@ -14,7 +14,10 @@ inputs into the graph's own buffers (or takes them in place: ``inputs``) and rep
     out = att(q2, k2, v2)            # [B, S, H, D], overwritten by the next call
     qs, ks, vs = att.inputs          # or write the inputs here and call att() with none
 
-Replays compute what the eager call computes on the same inputs, bit for bit (GPU test).
+Replays compute what the eager call computes on the same inputs, bit for bit (GPU test). One
+graph serves every layer that shares the shape, recipe and layout (copy each layer's q, k, v in
+and take the output before the next call): each graph holds its own memory pool, a full set of
+the call's intermediates (about 1.5 GB at the H3 shape) plus its input buffers.
 """
 
 from __future__ import annotations
