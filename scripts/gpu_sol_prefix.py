@@ -27,14 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workbench.attention import dense_attention_f64, evenly_spaced_rows  # noqa: E402
 from workbench.attention.runner import run_attention  # noqa: E402
 from workbench.bench.harness import env_info, interleaved_ms  # noqa: E402
+from workbench.bench.sparse import _rel_l2 as rel_l2  # noqa: E402
 from workbench.bench.sparse import load_sol_attn  # noqa: E402
 from workbench.kernels import dispatch  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import H3_SYNTHETIC, synthetic_qkv  # noqa: E402
-
-
-def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.double() - ref).norm() / ref.norm())
 
 
 def main(argv=None) -> int:

@@ -414,8 +414,9 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         what = "block sums of Q, K, V" + (" + V extremes (replaces kv_stats)" if minmax else "")
         report["routing"].append(dict(what=what, ms=ms, read_tbs=n_bytes / (ms * 1e-3) / 1e12))
         log(f"  {what}: {ms:.3f} ms, {n_bytes / (ms * 1e-3) / 1e12:.2f} TB/s read")
-    # what a sparse call spends before its routing: the block sums and the statistics taken
-    # from them (mu_K, mu_V, V's range: a few small launches), on the GPU
+    # what a VSA call spends before its routing: the block sums and the statistics taken from
+    # them in torch (mu_K, mu_V, V's range: a few small launches), on the GPU; a Sol call makes
+    # the statistics inside its routing front (the "sol statistics and routing" rows)
     from workbench.kernels.dispatch import routing_given_sums, sparse_statistics
 
     def sums_and_stats():
@@ -423,7 +424,7 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
 
     g = gpu_ms(sums_and_stats, dev, cfg.rep_ms)
     if g is not None:
-        report["routing"].append(dict(what="block sums + V extremes + the statistics from them",
+        report["routing"].append(dict(what="block sums + V extremes + the statistics in torch",
                                       ms=time_ms(sums_and_stats, dev, cfg.rep_ms), gpu_ms=g))
         log(f"  block sums + statistics: GPU {g:.3f} ms")
     if cfg.sweep:  # the block-sum pass's launch shape (config.RoutingConfig), with extremes
@@ -651,8 +652,7 @@ def markdown(report: dict) -> str:
         g_cells = ""
         if graph:
             g, pg = r.get("graph_ms"), peer_g.get(r["tau"]) if ours_sol else None
-            g_cells = (f" {_fmt(g, '.3f') if 'graph_ms' in r else ''} |"
-                       f" {_fmt(pg / g, '.2f') if pg and g else ''} |")
+            g_cells = f" {_fmt(g, '.3f')} | {_fmt(pg / g, '.2f') if pg and g else ''} |"
         note = r.get("skipped") and f"skipped: {r['skipped']}" or r.get("note", "")
         lines.append(
             f"| {r['variant']} | {_fmt(r['tau'], '.4g')} | {r['density']:.4f} | {_fmt(ms, '.3f')} "
