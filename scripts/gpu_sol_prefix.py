@@ -4,11 +4,14 @@ the prefix rows cost and what they buy.
 ``fp8_sol_kv_corrected`` recomputes the prefix query rows (text, audio) densely in BF16
 (``dense_prefix=True``); NVIDIA's kernel takes the sink as key blocks that every query attends
 exactly and routes the sink's own query rows like the others, which is this recipe with
-``dense_prefix=false``. Per tau: the three calls timed in interleaved rounds (``do_bench``
-medians), and their rel-L2 against float64 on the 64 evenly spaced rows of the sparse bench and
-on every prefix row. Synthetic H3 input at the live shape.
+``dense_prefix=false``. A third form keeps the prefix rows exact without the BF16 pass: the
+query blocks holding them take every key block on the FP8 loop (``prefix_blocks_exact=true``).
+Per tau: the calls timed in interleaved rounds (``do_bench`` medians), and their rel-L2 against
+float64 on the 64 evenly spaced rows of the sparse bench and on every prefix row. Synthetic H3
+input at the live shape (or the sparse bench's small layout at ``--seq-len``).
 
-    python3 scripts/gpu_sol_prefix.py [--taus 1 1.247 0.3617] [--rounds 5] [--out DIR]
+    python3 scripts/gpu_sol_prefix.py [--taus 1 1.247 0.3617] [--rounds 5] [--seq-len N]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,10 +30,10 @@ from workbench.attention import dense_attention_f64, evenly_spaced_rows  # noqa:
 from workbench.attention.runner import run_attention  # noqa: E402
 from workbench.bench.harness import env_info, interleaved_ms  # noqa: E402
 from workbench.bench.sparse import _rel_l2 as rel_l2  # noqa: E402
-from workbench.bench.sparse import load_sol_attn  # noqa: E402
+from workbench.bench.sparse import SparseBenchConfig, load_sol_attn  # noqa: E402
+from workbench.bench.sparse import _inputs as sparse_inputs  # noqa: E402
 from workbench.kernels import dispatch  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
-from workbench.synthetic import H3_SYNTHETIC, synthetic_qkv  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -40,13 +42,13 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=56)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--rep-ms", type=int, default=200)
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="the sparse bench's small synthetic layout at this length (default: H3)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
-    syn = replace(H3_SYNTHETIC, heads=args.heads)
-    q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device="cuda"))
-    layout = syn.layout
+    q, k, v, layout = sparse_inputs(SparseBenchConfig(heads=args.heads, seq_len=args.seq_len))
     S, prefix, D = q.shape[1], layout.prefix_len, q.shape[-1]
     idx = evenly_spaced_rows(S, 64).to(q.device)
     pidx = torch.arange(prefix, device=q.device)
@@ -59,7 +61,9 @@ def main(argv=None) -> int:
     for tau in args.taus:
         base = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=tau)
         fns = {"ours, dense BF16 prefix rows": base,
-               "ours, prefix rows routed (dense_prefix=false)": base.with_(dense_prefix=False)}
+               "ours, prefix rows routed (dense_prefix=false)": base.with_(dense_prefix=False),
+               "ours, prefix blocks exact in FP8 (prefix_blocks_exact=true)":
+                   base.with_(dense_prefix=False, prefix_blocks_exact=True)}
         calls = {label: (lambda r=r: run_attention(q, k, v, r, layout=layout, backend="kernel"))
                  for label, r in fns.items()}
         if sol_attn is not None:
@@ -83,7 +87,8 @@ def main(argv=None) -> int:
     env = env_info()
     nv = {r["tau"]: r["ms"] for r in rows if r["variant"].startswith("NVIDIA")}
     lines = [f"{env.get('device')}, torch {env['torch']}, triton {env.get('triton')}, "
-             f"{env['date']}; medians of {args.rounds} interleaved do_bench rounds", "",
+             f"{env['date']}; S = {S}, {args.heads} heads; medians of {args.rounds} interleaved "
+             "do_bench rounds", "",
              "| Sol tau (exact density) | variant | ms (range) | x NVIDIA | rel-L2 vs f64, 64 rows "
              f"| rel-L2 vs f64, the {prefix} prefix rows |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -95,9 +100,10 @@ def main(argv=None) -> int:
     print(md)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, "sol_prefix.md").write_text(md + "\n")
-        Path(args.out, "sol_prefix.json").write_text(json.dumps({"env": env, "rows": rows},
-                                                                indent=1))
+        tag = f"_{S}" if args.seq_len else ""
+        Path(args.out, f"sol_prefix{tag}.md").write_text(md + "\n")
+        Path(args.out, f"sol_prefix{tag}.json").write_text(json.dumps({"env": env, "rows": rows},
+                                                                      indent=1))
     return 0
 
 

@@ -187,6 +187,7 @@ CASES = [  # (S, H, Hkv, D, recipe, (text, audio))
     (577, 4, 4, 128, "fp8_sol_k:sol_threshold=diag,sol_tau=0.5", (9, 30)),
     (700, 4, 2, 128, "fp8_sol_unsmoothed:sol_tau=-0.3,sol_band=2", (0, 0)),
     (1000, 4, 4, 64, "fp8_sol_kv_corrected:sol_tau=2.5", (3, 200)),
+    (577, 2, 2, 64, "fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true", (9, 100)),
 ]
 
 
@@ -295,6 +296,7 @@ VSA_CASES = [
     (1100, 4, 2, 64, "vsa_bf16", (14, 60)),
     (640, 4, 4, 128, "vsa_bf16:vsa_prefix=compete,vsa_keep=0.3", (20, 50)),
     (577, 4, 2, 64, "fp8_dense_kv_corrected:sparsity=vsa,vsa_keep=0.15", (0, 0)),
+    (577, 2, 2, 64, "vsa_bf16:prefix_blocks_exact=true", (9, 100)),
 ]
 
 
@@ -313,7 +315,9 @@ def test_vsa_routing_equals_the_twin_up_to_rounding_ties(S, H, Hkv, D, name, pre
     n_prefix = -(-layout.prefix_len // 64)
     keep = vsa_keep_count(rec, nk, n_prefix)
     extra = n_prefix if rec.vsa_prefix == "exempt" else 0
-    assert bool((r.counts == keep + extra).all())  # top-k: the same count for every query tile
+    routed = n_prefix if rec.prefix_blocks_exact else 0  # query tiles before it keep every tile
+    assert bool((r.counts[..., routed:] == keep + extra).all())  # top-k: one count per tile
+    assert bool((r.counts[..., :routed] == nk).all())
     check_lists(r)
     assert r.kc is None and r.vc is None
 
@@ -350,17 +354,25 @@ def test_list_pass_equals_compact_blocks(shape, rows):
 @cpu_only
 @pytest.mark.parametrize("nq,nk", [(6, 37), (3, 510), (11, 11)])
 @pytest.mark.parametrize("band,prefix_len", [(0, 0), (1, 70), (3, 64), (2, 1)])
-def test_sol_list_pass_equals_sol_exact_and_compact_blocks(nq, nk, band, prefix_len):
+@pytest.mark.parametrize("prefix_exact", [False, True])
+def test_sol_list_pass_equals_sol_exact_and_compact_blocks(nq, nk, band, prefix_len,
+                                                           prefix_exact):
     g = torch.Generator().manual_seed(nq * nk + band + prefix_len)
     scores = torch.randn((2, 3, nq, nk), generator=g)
     theta = torch.randn((2, 3, nq), generator=g)
     # ties (score == theta is not exact), infinite thresholds and a NaN score
     scores[0, 0, :, 0] = theta[0, 0]
     theta[0, 1, 0], theta[0, 2, 0], scores[1, 0, 0, 1] = -math.inf, math.inf, math.nan
-    rec = get_recipe("fp8_sol_k").with_(sol_band=band)
+    rec = get_recipe("fp8_sol_k").with_(sol_band=band, dense_prefix=False,
+                                        prefix_blocks_exact=prefix_exact)
     twin = sol_exact(scores, theta, rec, prefix_len)
+    n_rows = routing.exact_query_blocks(rec, prefix_len, rec.sol_block)
+    assert n_rows == (-(-prefix_len // 64) if prefix_exact else 0)
+    if n_rows:  # those query blocks hold every key block, the others do not
+        assert bool(twin[..., :n_rows, :].all()) and not bool(twin[..., n_rows:, :].all())
     blocks, counts, exact = routing.sol_lists(scores, theta, band,
                                               routing.sink_blocks(prefix_len, rec.sol_block),
+                                              exact_rows=n_rows,
                                               config=RoutingConfig(list_rows=2))
     assert exact.dtype == torch.bool and torch.equal(exact, twin)
     ref_blocks, ref_counts = routing.compact_blocks(twin)
@@ -370,18 +382,27 @@ def test_sol_list_pass_equals_sol_exact_and_compact_blocks(nq, nk, band, prefix_
 @cpu_only
 @pytest.mark.parametrize("nk,prefix_len", [(37, 0), (37, 130), (510, 370), (11, 64)])
 @pytest.mark.parametrize("mode,keep", [("exempt", 0.1), ("compete", 0.3), ("exempt", 0.999)])
-def test_vsa_list_pass_equals_vsa_select_and_compact_blocks(nk, prefix_len, mode, keep):
+@pytest.mark.parametrize("prefix_exact", [False, True])
+def test_vsa_list_pass_equals_vsa_select_and_compact_blocks(nk, prefix_len, mode, keep,
+                                                            prefix_exact):
     """VSA's top-k from one sort per row: the twin's map on tie-free scores, including a row
-    whose prefix tiles score highest (exempt: they do not take a top-k place)."""
+    whose prefix tiles score highest (exempt: they do not take a top-k place); with
+    ``prefix_blocks_exact`` the query tiles holding prefix rows keep every tile."""
     g = torch.Generator().manual_seed(nk + prefix_len)
-    scores = torch.randn((2, 3, nk), generator=g)
+    scores = torch.randn((2, 5, nk), generator=g)
     scores[0, 0, :3] = 10.0 + torch.arange(3.0)
-    rec = get_recipe("vsa_bf16").with_(vsa_prefix=mode, vsa_keep=keep)
+    rec = get_recipe("vsa_bf16").with_(vsa_prefix=mode, vsa_keep=keep,
+                                       prefix_blocks_exact=prefix_exact)
     twin = vsa_select(scores, rec, prefix_len)
     n_sink = min(nk, routing.sink_blocks(prefix_len, rec.vsa_tile))
     exempt = mode == "exempt" and n_sink > 0
+    n_rows = min(5, routing.exact_query_blocks(rec, prefix_len, rec.vsa_tile))
+    if n_rows:  # those query tiles keep every tile (the others keep ~keep of them)
+        assert bool(twin[:, :n_rows].all())
+        assert keep > 0.9 or n_rows == 5 or not bool(twin[:, n_rows:].all())
     blocks, counts, exact = routing.vsa_lists(scores, vsa_keep_count(rec, nk, n_sink), n_sink,
-                                              exempt, config=RoutingConfig(list_rows=2))
+                                              exempt, exact_rows=n_rows,
+                                              config=RoutingConfig(list_rows=2))
     assert exact.dtype == torch.bool and torch.equal(exact, twin)
     ref_blocks, ref_counts = routing.compact_blocks(twin)
     assert torch.equal(blocks, ref_blocks) and torch.equal(counts, ref_counts)

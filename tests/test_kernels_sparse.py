@@ -125,6 +125,44 @@ def test_sparse_kernel_error_within_125_percent_of_the_emulation(S, H, Hkv, D, n
     assert float((lse_k - emu.lse[:, rows].double()).abs().max()) < 2e-2
 
 
+PREFIX_EXACT = "fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true"
+
+
+def prefix_blocks_case(name, S, H, Hkv, D, device=None):
+    """(kernel out, f64 reference, emulation, dense-FP8 emulation, routed kernel out, rows of
+    the query blocks holding prefix rows) of a Sol or VSA recipe with ``prefix_blocks_exact``."""
+    q, k, v, layout = synthetic(S, H, Hkv, D, seed=S + 5, prefix=(14, 100), device=device)
+    ref, _ = dense_attention_f64(q, k, v)
+    emu = recipe_attention(q, k, v, name, layout=layout)
+    dense = recipe_attention(q, k, v, "fp8_dense_kv_corrected", layout=layout)
+    out = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
+    routed_name = name.replace("prefix_blocks_exact=true", "prefix_blocks_exact=false")
+    routed = dispatch.fp8_recipe_attention(q, k, v, routed_name, layout=layout)
+    return out, ref, emu, dense, routed, slice(0, -(-layout.prefix_len // 64) * 64)
+
+
+@cpu_only
+@pytest.mark.parametrize("name", [PREFIX_EXACT,
+                                  "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2,"
+                                  "dense_prefix=false,prefix_blocks_exact=true"])
+def test_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
+    """``prefix_blocks_exact``: the query blocks holding the 114 prefix rows take every key
+    block on the FP8 loop (no BF16 replacement): those rows as accurate as the dense FP8
+    recipe's (within the 1.25x rule) and more accurate than the same blocks routed; the whole
+    output within the rule of its emulation."""
+    out, ref, emu, dense, routed, pre = prefix_blocks_case(name, 400, 2, 2, 64)
+    e_pre, e_dense = rel_l2(out[:, pre], ref[:, pre]), rel_l2(dense.out[:, pre], ref[:, pre])
+    e_routed = rel_l2(routed[:, pre], ref[:, pre])
+    e_k, e_e = rel_l2(out, ref), rel_l2(emu.out, ref)
+    print(f"{name}: prefix blocks {e_pre:.4e} (dense FP8 emulation {e_dense:.4e}, routed "
+          f"{e_routed:.4e}); all rows kernel {e_k:.4e} emulation {e_e:.4e}")
+    assert e_pre <= 1.25 * e_dense and e_pre < 0.8 * e_routed
+    assert e_k <= 1.25 * e_e and rel_l2(out, emu.out.double()) < 0.3 * e_e
+    # rows after the prefix blocks: the same routing and operands as the routed call
+    post = slice(pre.stop, None)
+    assert rel_l2(out[:, post], routed[:, post].double()) < 0.05 * e_e
+
+
 @cpu_only
 @pytest.mark.parametrize("name", ["fp8_sol_kv_corrected",
                                   "fp8_sol_k:sol_threshold=diag,sol_tau=0.5"])
@@ -465,6 +503,24 @@ def test_gpu_h3_rows_sol_against_the_emulation(summary_kernel):
     print(f"GPU H3 8 heads ({summary_kernel}): kernel {e_k:.4e} emulation {e_e:.4e} density "
           f"{emu.exact_fraction:.4f}")
     assert e_k <= 1.25 * e_e and math.isfinite(e_k)
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("name", [PREFIX_EXACT,
+                                  "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2,"
+                                  "dense_prefix=false,prefix_blocks_exact=true"])
+def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
+    """As the CPU test on the compiled (warp-specialized) kernels: the two query blocks holding
+    the 114 prefix rows walk lists of all 65 key blocks."""
+    out, ref, emu, dense, routed, pre = prefix_blocks_case(name, 4111, 4, 2, 128, "cuda")
+    e_pre, e_dense = rel_l2(out[:, pre], ref[:, pre]), rel_l2(dense.out[:, pre], ref[:, pre])
+    e_routed = rel_l2(routed[:, pre], ref[:, pre])
+    e_k, e_e = rel_l2(out, ref), rel_l2(emu.out, ref)
+    print(f"GPU {name}: prefix blocks {e_pre:.4e} (dense FP8 emulation {e_dense:.4e}, routed "
+          f"{e_routed:.4e}); all rows kernel {e_k:.4e} emulation {e_e:.4e}")
+    assert e_pre <= 1.25 * e_dense and e_pre < 0.8 * e_routed
+    assert e_k <= 1.25 * e_e
 
 
 @pytest.mark.gpu

@@ -80,13 +80,26 @@ def sol_exact(
     scores: torch.Tensor, theta: torch.Tensor, recipe: AttentionRecipe, prefix_len: int
 ) -> torch.Tensor:
     """Sol decisions [B, H, nq, nk] bool: score above theta, the diagonal band, or the sink (key
-    blocks holding prefix rows)."""
+    blocks holding prefix rows); with ``prefix_blocks_exact`` also every pair of a query block
+    holding prefix rows."""
     exact = scores > theta[..., None]
     nq, nk = scores.shape[-2:]
     i = torch.arange(nq, device=scores.device)[:, None]
     j = torch.arange(nk, device=scores.device)[None, :]
     exact |= (i - j).abs() <= recipe.sol_band
     exact |= j * recipe.sol_block < prefix_len
+    return exact_prefix_blocks(exact, recipe, recipe.sol_block, prefix_len)
+
+
+def exact_prefix_blocks(exact: torch.Tensor, recipe: AttentionRecipe, block: int,
+                        prefix_len: int) -> torch.Tensor:
+    """exact [..., nq, nk] with the rows of the query blocks holding prefix rows (i * block <
+    prefix_len) all True when the recipe has ``prefix_blocks_exact``; else unchanged."""
+    if not recipe.prefix_blocks_exact or prefix_len <= 0:
+        return exact
+    n = min(exact.shape[-2], -(-prefix_len // block))
+    exact = exact.clone()
+    exact[..., :n, :] = True
     return exact
 
 
@@ -125,7 +138,8 @@ def vsa_block_map(
     """VSA tile selection: coarse scores qbar . kbar * scale; keep ceil(keep * n) key tiles.
 
     "exempt": every tile holding prefix rows is kept, and the top ceil(keep * n_video_tiles) video
-    tiles; "compete": the top ceil(keep * n_tiles) of all tiles. Returns [B, H, nq, nk] bool.
+    tiles; "compete": the top ceil(keep * n_tiles) of all tiles; with ``prefix_blocks_exact``
+    the query tiles holding prefix rows keep every tile. Returns [B, H, nq, nk] bool.
     """
     T = recipe.vsa_tile
     qbar, _ = block_reduce(q, T, "mean")
@@ -146,7 +160,7 @@ def vsa_select(scores: torch.Tensor, recipe: AttentionRecipe, prefix_len: int) -
     mask = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
     if recipe.vsa_prefix == "exempt":
         mask |= prefix
-    return mask
+    return exact_prefix_blocks(mask, recipe, T, prefix_len)
 
 
 def vsa_keep_count(recipe: AttentionRecipe, n_tiles: int, n_prefix_tiles: int) -> int:

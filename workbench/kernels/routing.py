@@ -394,7 +394,7 @@ def compact_blocks(exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @triton.jit
 def _lists_kernel(
     SCORES, THETA, MASK, BLOCKS, COUNTS, EXACT,
-    R, nq, nk, band, sink_blocks, keep, stride_s, stride_m, tau,
+    R, nq, nk, band, sink_blocks, exact_rows, keep, stride_s, stride_m, tau,
     NK_PAD: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, EXEMPT: tl.constexpr,
     THETA_ROW: tl.constexpr = False,
 ):
@@ -405,8 +405,9 @@ def _lists_kernel(
     keeps only some of them); both store the decisions; "mask": read them. THETA_ROW (Sol):
     theta = the row's mean score + tau x their standard deviation instead of THETA (what the
     exact threshold is: mean_j qbar . kc_j and qbar^T cov(kc) qbar, ``sol_threshold``).
-    Then the compaction of ``compact_blocks``: exact blocks to cs - 1, the others to
-    count + j - cs."""
+    Both decision modes then make every block exact in the first ``exact_rows`` query blocks
+    of each head (i = r % nq; the recipe's ``prefix_blocks_exact``). Then the compaction of
+    ``compact_blocks``: exact blocks to cs - 1, the others to count + j - cs."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     j = tl.arange(0, NK_PAD)
     row_ok = r < R
@@ -443,6 +444,8 @@ def _lists_kernel(
         exact = compete & (key >= kth[:, None])
         if EXEMPT:
             exact = exact | (j < sink_blocks)[None, :]
+    if MODE != "mask":
+        exact = exact | ((r % nq) < exact_rows)[:, None]
     else:
         exact = tl.load(MASK + r64[:, None] * stride_m + j[None, :], mask=ok, other=0) != 0
     exact = exact & ok  # padding columns are not exact: their pos lands past nk, masked
@@ -464,7 +467,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
-                  sink_blocks=0, mask=None, keep=None, exempt=False, tau=None):
+                  sink_blocks=0, mask=None, keep=None, exempt=False, tau=None, exact_rows=0):
     """R list rows of nk key blocks: Sol from scores [R, nk] / theta [R] (or, given tau, theta
     = the row's mean + tau x its standard deviation: Sol's exact threshold), VSA's top ``keep``
     of scores [R, nk], or from the bool mask [R, nk] (unit stride along nk) -> (blocks [R, nk]
@@ -483,7 +486,8 @@ def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
     row_theta = mode == "sol" and tau is not None
     _lists_kernel[(triton.cdiv(R, rows),)](
         src, theta if mode == "sol" and not row_theta else counts, src, blocks, counts,
-        exact.view(torch.uint8), R, nq, nk, band, sink_blocks, keep or 0, src.stride(0),
+        exact.view(torch.uint8), R, nq, nk, band, sink_blocks, exact_rows, keep or 0,
+        src.stride(0),
         src.stride(0), float(tau) if row_theta else 0.0,
         NK_PAD=triton.next_power_of_2(nk), ROWS=rows, MODE=mode, EXEMPT=bool(exempt),
         THETA_ROW=row_theta, num_warps=config.list_warps,
@@ -492,12 +496,14 @@ def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
 
 
 def sol_lists(scores: torch.Tensor, theta: torch.Tensor | None, band: int, sink_blocks: int, *,
-              tau: float | None = None, config: RoutingConfig = DEFAULT.routing
+              tau: float | None = None, exact_rows: int = 0,
+              config: RoutingConfig = DEFAULT.routing
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sol's decisions and lists in one pass. scores [..., nq, nk] FP32, theta [..., nq] FP32 (as
     ``sol_scores``), or theta None and a finite tau: each row's mean score + tau x their
     standard deviation (the exact threshold, ``sol_routing_fused``); band: the diagonal
-    half-width, sink_blocks: leading key blocks that are always exact -> (blocks [..., nq, nk]
+    half-width, sink_blocks: leading key blocks that are always exact, exact_rows: leading
+    query blocks whose every block is exact (``prefix_blocks_exact``) -> (blocks [..., nq, nk]
     int32, counts [..., nq] int32, exact [..., nq, nk] bool), equal to
     ``compact_blocks(sol_exact(...))``."""
     *lead, nq, nk = scores.shape
@@ -514,7 +520,8 @@ def sol_lists(scores: torch.Tensor, theta: torch.Tensor | None, band: int, sink_
                          f"{None if theta is None else theta.dtype}, expected float32")
     blocks, counts, exact = _launch_lists(scores2.shape[0], nq, nk, scores.device, config,
                                           scores=scores2, theta=theta1, band=int(band),
-                                          sink_blocks=int(sink_blocks), tau=tau)
+                                          sink_blocks=int(sink_blocks), tau=tau,
+                                          exact_rows=int(exact_rows))
     return blocks.view(scores.shape), counts.view(*lead, nq), exact.view(scores.shape)
 
 
@@ -531,11 +538,12 @@ def mask_lists(exact: torch.Tensor, *, config: RoutingConfig = DEFAULT.routing
 
 
 def vsa_lists(scores: torch.Tensor, keep: int, sink_blocks: int, exempt: bool, *,
-              config: RoutingConfig = DEFAULT.routing
+              exact_rows: int = 0, config: RoutingConfig = DEFAULT.routing
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """VSA's selection and lists in one pass: scores [..., nk] FP32 (coarse scores of tile
     means), the top ``keep`` per row; exempt: the first ``sink_blocks`` tiles are kept besides
-    and do not compete ("exempt" prefix), else all tiles compete -> (blocks [..., nk] int32,
+    and do not compete ("exempt" prefix), else all tiles compete; exact_rows: leading query
+    tiles (scores [..., nq, nk]) that keep every tile -> (blocks [..., nk] int32,
     counts [...] int32, exact [..., nk] bool), equal to ``compact_blocks(vsa_select(...))`` up
     to ties at the keep-th score (all tied tiles are kept)."""
     nk = scores.shape[-1]
@@ -544,16 +552,26 @@ def vsa_lists(scores: torch.Tensor, keep: int, sink_blocks: int, exempt: bool, *
         raise ValueError(f"vsa_lists: keep {keep} not in [1, {competing}] (competing tiles)")
     if scores.dtype != torch.float32:
         raise ValueError(f"vsa_lists: scores are {scores.dtype}, expected float32")
+    if exact_rows and scores.dim() < 2:
+        raise ValueError("vsa_lists: exact_rows needs scores [..., nq, nk]")
     scores2 = _rows(scores)
-    blocks, counts, exact = _launch_lists(scores2.shape[0], 1, nk, scores.device, config,
+    nq = scores.shape[-2] if exact_rows else 1
+    blocks, counts, exact = _launch_lists(scores2.shape[0], nq, nk, scores.device, config,
                                           scores=scores2, keep=int(keep),
-                                          sink_blocks=int(sink_blocks), exempt=exempt)
+                                          sink_blocks=int(sink_blocks), exempt=exempt,
+                                          exact_rows=int(exact_rows))
     return blocks.view(scores.shape), counts.view(scores.shape[:-1]), exact.view(scores.shape)
 
 
 def sink_blocks(prefix_len: int, block: int) -> int:
     """Key blocks holding prefix rows (j * block < prefix_len), as ``sol_exact``'s sink."""
     return max(0, -(-prefix_len // block))
+
+
+def exact_query_blocks(recipe: AttentionRecipe, prefix_len: int, block: int) -> int:
+    """Leading query blocks routed to every key block: those holding prefix rows when the
+    recipe has ``prefix_blocks_exact`` (``sparsity.exact_prefix_blocks``), else none."""
+    return sink_blocks(prefix_len, block) if recipe.prefix_blocks_exact else 0
 
 
 def _layout_for(layout: SegmentLayout | None, S: int) -> SegmentLayout:
@@ -629,6 +647,8 @@ def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scores, theta = sol_scores(qbar, _expand(kc, group), recipe, c)
     blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
+                                      exact_rows=exact_query_blocks(recipe, layout.prefix_len,
+                                                            recipe.sol_block),
                                       config=config)
     return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc)
 
@@ -653,6 +673,8 @@ def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
     blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
                                       tau=recipe.sol_tau if theta is None else None,
+                                      exact_rows=exact_query_blocks(recipe, layout.prefix_len,
+                                                            recipe.sol_block),
                                       config=config)
     return mu_k, mu_v, v_amax, BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens,
                                             kc, vc)
@@ -685,7 +707,10 @@ def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         exact = torch.ones_like(scores, dtype=torch.bool)
         blocks, counts = mask_lists(exact, config=config)
     else:
-        blocks, counts, exact = vsa_lists(scores, keep, n_sink, exempt, config=config)
+        blocks, counts, exact = vsa_lists(scores, keep, n_sink, exempt,
+                                          exact_rows=exact_query_blocks(recipe, layout.prefix_len,
+                                                                recipe.vsa_tile),
+                                          config=config)
     return BlockRouting(blocks, counts, exact, recipe.vsa_tile, sums.lens)
 
 

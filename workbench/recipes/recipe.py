@@ -96,6 +96,10 @@ class AttentionRecipe:
     dense_steps: int = 0
     dense_layers: int = 0
     dense_prefix: bool = False
+    # Sparse recipes: the query blocks holding prefix rows attend every key block exactly, with
+    # the recipe's own operands (FP8 for the FP8 recipes), instead of being routed: the cheaper
+    # alternative to the BF16 replacement (``dense_prefix``), which it excludes.
+    prefix_blocks_exact: bool = False
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -199,6 +203,8 @@ class AttentionRecipe:
             parts.append(f"vsa tile={self.vsa_tile} keep={self.vsa_keep} {self.vsa_prefix}")
         if self.dense_prefix:
             parts.append("bf16 prefix rows")
+        if self.prefix_blocks_exact:
+            parts.append("prefix blocks exact")
         if self.dense_steps or self.dense_layers:
             parts.append(f"dense steps<{self.dense_steps} layers<{self.dense_layers}")
         return ", ".join(parts)
@@ -290,6 +296,13 @@ def validate(r: AttentionRecipe) -> None:
         raise RecipeError(f"recipe field 'vsa_keep': must be in (0, 1], got {r.vsa_keep}")
     if r.dense_steps < 0 or r.dense_layers < 0:
         raise RecipeError("recipe fields 'dense_steps'/'dense_layers': must be >= 0")
+    if r.prefix_blocks_exact and r.sparsity == "dense":
+        raise RecipeError("recipe field 'prefix_blocks_exact': a dense recipe computes every "
+                          "block exactly already (it applies to sparsity='sol' or 'vsa')")
+    if r.prefix_blocks_exact and r.dense_prefix:
+        raise RecipeError("recipe field 'prefix_blocks_exact': the BF16 dense-prefix rows "
+                          "(dense_prefix=true) would replace the prefix rows it computes; set "
+                          "dense_prefix=false")
     if r.sol_tau != r.sol_tau:  # NaN
         raise RecipeError("recipe field 'sol_tau': NaN is not a threshold")
 
