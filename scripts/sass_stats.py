@@ -127,7 +127,7 @@ def compile_ws_lists(overrides: dict):
     merge = summary and not tiles
     types = _ws_types(64, 64) + ["*i32", "*i32", "i32", "i32", "i32"]  # lists, N_QB, N_KB, N_BH
     types += ["*fp32", "*fp32"] if merge else ["constexpr", "constexpr"]  # SUM_O, SUM_ML
-    types += ["*i32", "i32"]  # ORDER, ORDER_STRIDE
+    types += ["*i32", "i32", "i32"]  # ORDER, ORDER_STRIDE, HEAVY
     if tiles:  # the kc8 / vc8^T descriptors, SKC, EXACT
         f8 = gl.float8e4nv
         lk = gl.NVMMASharedLayout.get_default_for([64, 128], f8)

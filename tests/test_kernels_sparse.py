@@ -26,6 +26,7 @@ from workbench.attention import (  # noqa: E402
     evenly_spaced_rows,
     recipe_attention,
 )
+from workbench.kernels import attention_fp8_ws_lists as ws_lists  # noqa: E402
 from workbench.kernels import dispatch  # noqa: E402
 from workbench.kernels.attention_fp8 import fp8_attention_fwd  # noqa: E402
 from workbench.kernels.config import DEFAULT, SparseConfig  # noqa: E402
@@ -139,6 +140,13 @@ def prefix_blocks_case(name, S, H, Hkv, D, device=None):
     routed_name = name.replace("prefix_blocks_exact=true", "prefix_blocks_exact=false")
     routed = dispatch.fp8_recipe_attention(q, k, v, routed_name, layout=layout)
     return out, ref, emu, dense, routed, slice(0, -(-layout.prefix_len // 64) * 64)
+
+
+def test_heavy_groups_count_the_ctas_of_the_dense_rows():
+    """The CTAs (three query blocks each) holding the blocks routed to every key block start
+    first; none when there are no such blocks or when they fill the head."""
+    assert [ws_lists.heavy_groups(n, 170) for n in (0, 1, 3, 4, 6, 7)] == [0, 1, 1, 2, 2, 3]
+    assert ws_lists.heavy_groups(6, 2) == 0 and ws_lists.heavy_groups(6, 3) == 2
 
 
 @cpu_only
@@ -521,6 +529,15 @@ def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
           f"{e_routed:.4e}); all rows kernel {e_k:.4e} emulation {e_e:.4e}")
     assert e_pre <= 1.25 * e_dense and e_pre < 0.8 * e_routed
     assert e_k <= 1.25 * e_e
+    # their CTAs start first (``heavy_groups``) or in the grid order: the same bits
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=4111 + 5, prefix=(14, 100), device="cuda")
+    rec = get_recipe(name)
+    qkv, route = operands(q, k, v, rec, layout)
+    assert route.dense_rows == 2 and ws_lists.heavy_groups(route.dense_rows, 22) == 1
+    kw = dict(num_heads=4, scale=128**-0.5, return_lse=True)
+    first, lse1 = fp8_attention_fwd(qkv, routing=route, **kw)
+    grid, lse0 = fp8_attention_fwd(qkv, routing=replace(route, dense_rows=0), **kw)
+    assert torch.equal(first, grid) and torch.equal(lse1, lse0)
 
 
 @pytest.mark.gpu

@@ -404,16 +404,30 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
 def _fp8_attn_ws_lists_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
-    BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML, ORDER, ORDER_STRIDE,
+    BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML, ORDER, ORDER_STRIDE, HEAVY,
     ks_desc, vs_desc, SKC, EXACT,
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
     INIT_SUMMARY: gl.constexpr, SUM_TILES: gl.constexpr = False,
 ):
-    """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0)."""
+    """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0).
+    HEAVY: the first HEAVY CTAs of every head (their ORDER entries: query blocks routed to every
+    key block) run before all others, head after head, then the rest head by head; 0 = the
+    grid order (the launch order is the linear CTA index, x fastest)."""
     HEAD_D: gl.constexpr = k_desc.block_type.shape[1]
-    pid_q0 = gl.program_id(0) * 3  # the CTA's first ORDER entry (not a query block)
-    bh = gl.program_id(1)
+    n_groups = gl.num_programs(0)
+    n_bh = gl.num_programs(1)
+    lin = gl.program_id(1) * n_groups + gl.program_id(0)
+    if lin < HEAVY * n_bh:
+        # the long lists first, on every SM at once: started head by head among the others
+        # they ran past the last head's short CTAs (a tail of about their own length)
+        bh = lin % n_bh
+        grp = lin // n_bh
+    else:
+        rest = lin - HEAVY * n_bh
+        bh = rest // (n_groups - HEAVY)
+        grp = HEAVY + rest % (n_groups - HEAVY)
+    pid_q0 = grp * 3  # the CTA's first ORDER entry (not a query block)
     b = bh // H
     h = bh % H
     bhk = b * (H // GROUP) + h // GROUP
@@ -598,13 +612,22 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
         qkv.seq_len, S_pad, H, H // Hkv, row_start, scale * LOG2E,
         out.stride(0), out.stride(1), out.stride(2),
         routing.blocks.contiguous(), routing.counts.contiguous(), nq, nk, B * H,
-        sum_o, sum_ml, order, order.stride(0) if order.shape[0] > 1 else 0, *tiles,
+        sum_o, sum_ml, order, order.stride(0) if order.shape[0] > 1 else 0,
+        heavy_groups(routing.dense_rows, grid[0]), *tiles,
         STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
         PERM_P=bool(qkv.v_perm), WRITE_LSE=lse is not None, OUT_F32=out_f32,
         INIT_SUMMARY=sum_o is not None, SUM_TILES=summary is not None, num_warps=4,
         maxnreg=MAXNREG,
     )
     return out, lse
+
+
+def heavy_groups(dense_rows: int, n_groups: int) -> int:
+    """CTAs per head that hold the query blocks routed to every key block (the first entries of
+    either ``query_order``: the longest lists, or the first blocks in sequence order), started
+    before all other CTAs: 0 when there are none or when they are every CTA of the head."""
+    heavy = -(-dense_rows // CONSUMERS)
+    return heavy if 0 < heavy < n_groups else 0
 
 
 def applies(qkv, sparse, splits: int, attention) -> bool:

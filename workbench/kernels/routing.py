@@ -348,7 +348,9 @@ class BlockRouting:
     blocks [B, H, nq, nk] int32 (exact blocks first, ascending, then the rest ascending);
     counts [B, H, nq] int32; exact [B, H, nq, nk] bool; block: rows per block.
     Sol only: kc [B, Hkv, nk, D] FP32 block means of the smoothed K; vc [B, Hkv, nk, D] FP32 block
-    sums of the smoothed V; lens [nk] FP32 block lengths (VSA: kc = vc = None).
+    sums of the smoothed V; lens [nk] FP32 block lengths (VSA: kc = vc = None). dense_rows: the
+    leading query blocks of every head routed to every key block (``prefix_blocks_exact``), known
+    on the host so that the kernel can start their long lists first without reading counts.
     """
 
     blocks: torch.Tensor
@@ -358,6 +360,7 @@ class BlockRouting:
     lens: torch.Tensor
     kc: torch.Tensor | None = None
     vc: torch.Tensor | None = None
+    dense_rows: int = 0
 
     @property
     def density(self) -> float:
@@ -645,12 +648,12 @@ def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     sums, qbar, kc, vc, c, group = _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v,
                                                config)
     scores, theta = sol_scores(qbar, _expand(kc, group), recipe, c)
+    dense_rows = exact_query_blocks(recipe, layout.prefix_len, recipe.sol_block)
     blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
-                                      exact_rows=exact_query_blocks(recipe, layout.prefix_len,
-                                                            recipe.sol_block),
-                                      config=config)
-    return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc)
+                                      exact_rows=dense_rows, config=config)
+    return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc,
+                        min(dense_rows, exact.shape[-2]))
 
 
 def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
@@ -670,14 +673,13 @@ def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
         sums, recipe, scale, rows=config.front_rows, parts=config.front_parts)
     group = qbar.shape[1] // kc.shape[1]
     scores = (qbar @ _expand(kc, group).transpose(-1, -2)) * (scale * LOG2E)  # as sol_scores
+    dense_rows = exact_query_blocks(recipe, layout.prefix_len, recipe.sol_block)
     blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
                                       tau=recipe.sol_tau if theta is None else None,
-                                      exact_rows=exact_query_blocks(recipe, layout.prefix_len,
-                                                            recipe.sol_block),
-                                      config=config)
+                                      exact_rows=dense_rows, config=config)
     return mu_k, mu_v, v_amax, BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens,
-                                            kc, vc)
+                                            kc, vc, min(dense_rows, exact.shape[-2]))
 
 
 def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -703,15 +705,15 @@ def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     n_sink = min(nk, sink_blocks(layout.prefix_len, recipe.vsa_tile))
     exempt = recipe.vsa_prefix == "exempt" and n_sink > 0
     keep = vsa_keep_count(recipe, nk, n_sink)
+    dense_rows = exact_query_blocks(recipe, layout.prefix_len, recipe.vsa_tile)
     if exempt and n_sink == nk:  # every tile is prefix: all kept (vsa_select's mask |= prefix)
         exact = torch.ones_like(scores, dtype=torch.bool)
         blocks, counts = mask_lists(exact, config=config)
     else:
-        blocks, counts, exact = vsa_lists(scores, keep, n_sink, exempt,
-                                          exact_rows=exact_query_blocks(recipe, layout.prefix_len,
-                                                                recipe.vsa_tile),
+        blocks, counts, exact = vsa_lists(scores, keep, n_sink, exempt, exact_rows=dense_rows,
                                           config=config)
-    return BlockRouting(blocks, counts, exact, recipe.vsa_tile, sums.lens)
+    return BlockRouting(blocks, counts, exact, recipe.vsa_tile, sums.lens,
+                        dense_rows=min(dense_rows, exact.shape[-2]))
 
 
 def route(q, k, v, recipe, *, layout=None, scale=None, **kw) -> BlockRouting:
