@@ -529,15 +529,29 @@ def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
           f"{e_routed:.4e}); all rows kernel {e_k:.4e} emulation {e_e:.4e}")
     assert e_pre <= 1.25 * e_dense and e_pre < 0.8 * e_routed
     assert e_k <= 1.25 * e_e
-    # their CTAs start first (``heavy_groups``) or in the grid order: the same bits
-    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=4111 + 5, prefix=(14, 100), device="cuda")
-    rec = get_recipe(name)
-    qkv, route = operands(q, k, v, rec, layout)
-    assert route.dense_rows == 2 and ws_lists.heavy_groups(route.dense_rows, 22) == 1
-    kw = dict(num_heads=4, scale=128**-0.5, return_lse=True)
-    first, lse1 = fp8_attention_fwd(qkv, routing=route, **kw)
-    grid, lse0 = fp8_attention_fwd(qkv, routing=replace(route, dense_rows=0), **kw)
-    assert torch.equal(first, grid) and torch.equal(lse1, lse0)
+    # 314 prefix rows: 5 such blocks, the first three (a whole CTA) by the dense kernel on a
+    # side stream (``SparseConfig.dense_rows_kernel``), the other two in the list kernel, their
+    # CTA first (``heavy_groups``); with the LSE all five in the list kernel
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=4111 + 5, prefix=(14, 300), device="cuda")
+    qkv, route = operands(q, k, v, get_recipe(name), layout)
+    assert route.dense_rows == 5 and ws_lists.heavy_groups(route.dense_rows, 22) == 2
+    kw = dict(num_heads=4, scale=128**-0.5)
+    lists_only = replace(DEFAULT.sparse, dense_rows_kernel=False)
+    first, lse1 = fp8_attention_fwd(qkv, routing=route, return_lse=True, **kw)
+    grid, lse0 = fp8_attention_fwd(qkv, routing=replace(route, dense_rows=0), return_lse=True,
+                                   **kw)
+    assert torch.equal(first, grid) and torch.equal(lse1, lse0)  # CTA order: the same bits
+    split, _ = fp8_attention_fwd(qkv, routing=route, **kw)
+    lists, _ = fp8_attention_fwd(qkv, routing=route, sparse=lists_only, **kw)
+    assert torch.equal(lists, first)
+    # the dense kernel adds each 128-key tile's row sum at once, the list kernel per 64-key box
+    ulps = bf16_ulps(split[:, :192], lists[:, :192])
+    print(f"GPU dense-kernel rows: {int((ulps > 0).sum())} of {ulps.numel()} differ, max "
+          f"{float(ulps.max()):.0f} BF16 ulp")
+    assert bool((ulps <= 1).all()) and float((ulps > 0).float().mean()) < 0.05
+    assert torch.equal(split[:, 192:], lists[:, 192:])
+    for _ in range(2):  # the side stream's rows are joined before the call returns
+        assert torch.equal(fp8_attention_fwd(qkv, routing=route, **kw)[0], split)
 
 
 @pytest.mark.gpu

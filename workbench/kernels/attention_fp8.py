@@ -731,12 +731,32 @@ def fp8_attention_fwd(
             from . import attention_fp8_ws_lists as ws_lists
 
             tiles = ws_lists.summary_tiles(qkv, routing) if sp.tiles else None
-            ws_lists.fp8_attention_ws_lists(qkv, routing, out=out, lse=lse, scale=scale,
-                                            row_start=row_start, out_f32=out_f32,
-                                            p_log2_scale=P_LOG2_SCALES[p_scaling],
-                                            sum_o=sp.sum_o, sum_ml=sp.sum_ml,
-                                            stages=c.num_stages, grouping=sparse.ws_grouping,
-                                            summary=tiles)
+            # whole CTAs of query blocks routed to every key block (prefix_blocks_exact): the
+            # dense kernel's rows (its three consumers share each K / V tile) on a side stream
+            dense_end = (routing.dense_rows // 3) * 192 if sparse.dense_rows_kernel else 0
+            side = None
+            if dense_end > row_start and not return_lse:
+                from . import streams
+                from .attention_fp8_ws import fp8_attention_fwd_ws
+
+                side = streams.side_stream(streams.device_index(out))
+                main = torch.cuda.current_stream(out.device)
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
+                                         row_start=row_start, out_f32=out_f32,
+                                         p_scaling=p_scaling, stages=c.num_stages,
+                                         row_end=dense_end)
+            try:
+                ws_lists.fp8_attention_ws_lists(
+                    qkv, routing, out=out, lse=lse, scale=scale,
+                    row_start=max(row_start, dense_end) if side is not None else row_start,
+                    out_f32=out_f32, p_log2_scale=P_LOG2_SCALES[p_scaling], sum_o=sp.sum_o,
+                    sum_ml=sp.sum_ml, stages=c.num_stages, grouping=sparse.ws_grouping,
+                    summary=tiles)
+            finally:
+                if side is not None:
+                    main.wait_stream(side)
         else:
             launch(sp.grid, sp.args + (B * H, sp.sum_o, sp.sum_ml), sp.constexprs, cap)
     if sp and sp.splits > 1:

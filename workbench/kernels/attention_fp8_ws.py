@@ -280,9 +280,11 @@ CONSUMER_REGS = 160
 
 def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
                          out_dtype=torch.bfloat16, row_start: int = 0, return_lse: bool = False,
-                         out_f32: bool = False, p_scaling: str = "unit", stages: int = 2):
+                         out_f32: bool = False, p_scaling: str = "unit", stages: int = 2,
+                         row_end: int | None = None):
     """The dense FP8 attention of ``attention_fp8.fp8_attention_fwd`` on the warp-specialized
-    schedule (same arguments; ``stages`` K/V slots)."""
+    schedule (same arguments; ``stages`` K/V slots). row_end: only rows < row_end, a multiple of
+    a CTA's 192 rows (the block-sparse launch's query blocks routed to every key block)."""
     from .attention_fp8 import P_LOG2_SCALES
 
     if p_scaling not in P_LOG2_SCALES:
@@ -300,7 +302,12 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
                           device=qkv.q8.device)
     lse = torch.empty((B, H, S), dtype=torch.float32, device=out.device) if return_lse else None
     qd, kd, vd = descriptors(qkv)
-    grid = (triton.cdiv(S, 64 * CONSUMERS), B * H)
+    rows = S
+    if row_end is not None:
+        if row_end <= 0 or row_end % (64 * CONSUMERS):
+            raise ValueError(f"row_end {row_end}: a positive multiple of {64 * CONSUMERS} rows")
+        rows = min(S, row_end)
+    grid = (triton.cdiv(rows, 64 * CONSUMERS), B * H)
     _fp8_attn_ws_kernel[grid](
         qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,

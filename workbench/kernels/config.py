@@ -221,6 +221,11 @@ class SparseConfig:
     maxnreg: int | None = 168
     ws_grouping: str = "by_length"
     summary_kernel: str = "fp8_tiles"
+    # query blocks routed to every key block (``prefix_blocks_exact``), three per CTA: True =
+    # the warp-specialized dense kernel computes them on a side stream beside the list kernel
+    # (one K / V tile shared by a CTA's three consumers); False = the list kernel, their CTAs
+    # first (each consumer loads its own copy of every tile)
+    dense_rows_kernel: bool = True
 
     def __post_init__(self) -> None:
         if self.ws_grouping not in WS_GROUPINGS:

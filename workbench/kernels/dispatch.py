@@ -22,7 +22,6 @@ the tiling is ``config.KernelConfig`` (default = the measured H200 values).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import warnings
 
@@ -31,7 +30,7 @@ import torch
 from workbench.attention.layout import SegmentLayout
 from workbench.recipes import AttentionRecipe, get_recipe
 
-from . import routing
+from . import routing, streams
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
 from .config import DEFAULT, KernelConfig, RoutingConfig
 from .kv_stats import kv_stats
@@ -130,8 +129,7 @@ def fp8_recipe_attention(
     if prefix and config.attention.prefix_stream and q.is_cuda:
         # the BF16 prefix rows depend on the inputs only: start them on a side stream so that
         # they fill the SMs the memory-bound passes and the kernels' tails leave free
-        side = _side_stream(q.device.index if q.device.index is not None
-                            else torch.cuda.current_device())
+        side = streams.side_stream(streams.device_index(q))
         side.wait_stream(torch.cuda.current_stream(q.device))
         with torch.cuda.stream(side):
             prefix_rows = dense_prefix_rows(q, k, v, prefix, scale)
@@ -147,14 +145,6 @@ def fp8_recipe_attention(
     elif prefix:
         out[:, :prefix] = dense_prefix_rows(q, k, v, prefix, scale)
     return (out, lse) if return_lse else out
-
-
-@functools.lru_cache(maxsize=None)
-def _side_stream(device_index: int) -> torch.cuda.Stream:
-    """The prefix rows' side stream of one device, taken once from torch's stream pool (the same
-    kind of stream per call as before, without the per-call device switch); concurrent callers'
-    prefix rows then run one after the other on it, each ordered by its call's stream waits."""
-    return torch.cuda.Stream(device=device_index)
 
 
 def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: int,
