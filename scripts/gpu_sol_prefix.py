@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,6 +34,7 @@ from workbench.bench.sparse import _rel_l2 as rel_l2  # noqa: E402
 from workbench.bench.sparse import SparseBenchConfig, load_sol_attn  # noqa: E402
 from workbench.bench.sparse import _inputs as sparse_inputs  # noqa: E402
 from workbench.kernels import dispatch  # noqa: E402
+from workbench.kernels.config import DEFAULT  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 
 
@@ -66,6 +68,11 @@ def main(argv=None) -> int:
                    base.with_(dense_prefix=False, prefix_blocks_exact=True)}
         calls = {label: (lambda r=r: run_attention(q, k, v, r, layout=layout, backend="kernel"))
                  for label, r in fns.items()}
+        # the same rows all in the list kernel (SparseConfig.dense_rows_kernel=False)
+        lists_only = replace(DEFAULT, sparse=replace(DEFAULT.sparse, dense_rows_kernel=False))
+        calls["ours, prefix blocks exact, list kernel only"] = (
+            lambda r=fns["ours, prefix blocks exact in FP8 (prefix_blocks_exact=true)"]:
+            dispatch.fp8_recipe_attention(q, k, v, r, layout=layout, config=lists_only))
         if sol_attn is not None:
             calls["NVIDIA sol_attn (CuTe, BF16)"] = lambda tau=tau: sol_attn(
                 q, k, v, tau=tau, thresh_type="exact", sink_start=0, sink_tokens=prefix,
