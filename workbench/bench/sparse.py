@@ -624,14 +624,26 @@ def density_fits(rows: list[dict]) -> list[dict]:
     return fits
 
 
+def _prefix_words(recipe: str) -> str:
+    """What our Sol rows do with the prefix rows, in the table's words."""
+    from workbench.recipes import get_recipe
+
+    r = get_recipe(recipe)
+    rows = ("BF16 prefix rows" if r.dense_prefix else
+            "prefix blocks exact in FP8" if r.prefix_blocks_exact else "prefix rows routed")
+    return f"Sol sink, {rows}"
+
+
 def markdown(report: dict) -> str:
     """Two tables: the attention variants (ratios against SDPA cuDNN and against NVIDIA's Sol at
     the same tau) and the routing passes."""
     env, c = report["env"], report["config"]
+    sol_recipe = c.get("sol_recipe", SOL_RECIPE)  # reports before the option: the default
     lines = [f"Device {env.get('device')}, torch {env.get('torch')}, triton {env.get('triton')}, "
              f"{env.get('date')}. Synthetic H3 input {tuple(c['shape'])}, prefix {c['prefix']} "
-             f"rows (Sol sink, BF16 prefix rows), Sol threshold {c['threshold']}; accuracy: "
-             f"rel-L2 vs float64 on {c['rows']} evenly spaced rows.", ""]
+             f"rows ({_prefix_words(sol_recipe)}), Sol threshold {c['threshold']}, our Sol rows "
+             f"`{sol_recipe}`; accuracy: rel-L2 vs float64 on {c['rows']} evenly spaced rows.",
+             ""]
     rows = report["rows"]
     base = next((r.get("ms") for r in rows if r["variant"] == "sdpa_cudnn_bf16"), None)
     peer = {r["tau"]: r.get("ms") for r in rows if r["variant"].startswith("NVIDIA")}
@@ -708,6 +720,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequence length of a small synthetic layout (default: live H3)")
     p.add_argument("--densities", type=float, nargs="+", default=list(DENSITIES))
     p.add_argument("--threshold", choices=("exact", "diag"), default="exact")
+    p.add_argument("--sol-recipe", default=SOL_RECIPE,
+                   help="the FP8 Sol recipe of our Sol rows and the base of the VSA rows (tau / "
+                        "keep set per density), e.g. fp8_sol_kv_corrected:dense_prefix=false,"
+                        f"prefix_blocks_exact=true (default {SOL_RECIPE})")
     p.add_argument("--rows", type=int, default=64, help="query rows for accuracy vs float64")
     p.add_argument("--rep-ms", type=int, default=300)
     p.add_argument("--budget-s", type=float, default=300.0)
@@ -740,6 +756,15 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--heads and --rows must be >= 1")
     if args.sweep_rounds < 1:
         raise ValueError(f"--sweep-rounds: {args.sweep_rounds} < 1")
+    from workbench.recipes import RecipeError, get_recipe
+
+    try:
+        sol = get_recipe(args.sol_recipe)
+    except (RecipeError, KeyError, ValueError) as e:
+        raise ValueError(f"--sol-recipe: {e}") from None
+    if sol.sparsity != "sol":
+        raise ValueError(f"--sol-recipe: {args.sol_recipe!r} has sparsity={sol.sparsity!r}, "
+                         "not 'sol'")
     check_board_s(args.board_s)
 
 
@@ -771,7 +796,8 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
                              sweep=not args.no_sweep, sweep_rounds=args.sweep_rounds,
                              stages=not args.no_stages,
                              bf16=not args.no_bf16, board_s=args.board_s,
-                             anchor_taus=tuple(args.taus), graph=args.graph)
+                             anchor_taus=tuple(args.taus), graph=args.graph,
+                             sol_recipe=args.sol_recipe)
 
 
 def write_report(report: dict, md: str, json_path: str | None, md_path: str | None) -> None:
