@@ -168,7 +168,7 @@ def test_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
     assert e_k <= 1.25 * e_e and rel_l2(out, emu.out.double()) < 0.3 * e_e
     # rows after the prefix blocks: the same routing and operands as the routed call
     post = slice(pre.stop, None)
-    assert rel_l2(out[:, post], routed[:, post].double()) < 0.05 * e_e
+    assert torch.equal(out[:, post], routed[:, post])
 
 
 @cpu_only
@@ -518,9 +518,13 @@ def test_gpu_h3_rows_sol_against_the_emulation(summary_kernel):
 @pytest.mark.parametrize("name", [PREFIX_EXACT,
                                   "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2,"
                                   "dense_prefix=false,prefix_blocks_exact=true"])
-def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
-    """As the CPU test on the compiled (warp-specialized) kernels: the two query blocks holding
-    the 114 prefix rows walk lists of all 65 key blocks."""
+def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name, monkeypatch):
+    """As the CPU test on the compiled kernels (the two query blocks holding the 114 prefix
+    rows walk lists of all 65 key blocks); then the warp-specialized paths, one KV part (at this
+    size the split rule would pick two, and the programs kernel): 314 prefix rows in a batch of
+    two, so 5 such blocks per head, the first three (a whole CTA) on the dense kernel on a side
+    stream (``SparseConfig.dense_rows_kernel``), the other two in the list kernel, their CTAs
+    first (``heavy_groups``); with the LSE all five in the list kernel."""
     out, ref, emu, dense, routed, pre = prefix_blocks_case(name, 4111, 4, 2, 128, "cuda")
     e_pre, e_dense = rel_l2(out[:, pre], ref[:, pre]), rel_l2(dense.out[:, pre], ref[:, pre])
     e_routed = rel_l2(routed[:, pre], ref[:, pre])
@@ -529,21 +533,39 @@ def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
           f"{e_routed:.4e}); all rows kernel {e_k:.4e} emulation {e_e:.4e}")
     assert e_pre <= 1.25 * e_dense and e_pre < 0.8 * e_routed
     assert e_k <= 1.25 * e_e
-    # 314 prefix rows: 5 such blocks, the first three (a whole CTA) by the dense kernel on a
-    # side stream (``SparseConfig.dense_rows_kernel``), the other two in the list kernel, their
-    # CTA first (``heavy_groups``); with the LSE all five in the list kernel
-    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=4111 + 5, prefix=(14, 300), device="cuda")
-    qkv, route = operands(q, k, v, get_recipe(name), layout)
-    assert route.dense_rows == 5 and ws_lists.heavy_groups(route.dense_rows, 22) == 2
+
+    from workbench.kernels import attention_fp8_ws
+
+    parts = [synthetic(4111, 4, 2, 128, seed=4111 + b, prefix=(14, 300), device="cuda")
+             for b in (5, 6)]
+    q, k, v = (torch.cat([p[i] for p in parts]) for i in range(3))
+    qkv, route = operands(q, k, v, get_recipe(name), parts[0][3])
+    assert route.dense_rows == 5
+    one_part = replace(DEFAULT.sparse, kv_splits=1)
+    lists_only = replace(one_part, dense_rows_kernel=False)
+    row_ends, heavy = [], []
+    real_ws, real_heavy = attention_fp8_ws.fp8_attention_fwd_ws, ws_lists.heavy_groups
+
+    def spy_ws(*a, **kw):
+        row_ends.append(kw.get("row_end"))
+        return real_ws(*a, **kw)
+
+    def spy_heavy(n, groups):
+        heavy.append(real_heavy(n, groups))
+        return heavy[-1]
+
+    monkeypatch.setattr(attention_fp8_ws, "fp8_attention_fwd_ws", spy_ws)
+    monkeypatch.setattr(ws_lists, "heavy_groups", spy_heavy)
     kw = dict(num_heads=4, scale=128**-0.5)
-    lists_only = replace(DEFAULT.sparse, dense_rows_kernel=False)
-    first, lse1 = fp8_attention_fwd(qkv, routing=route, return_lse=True, **kw)
+    first, lse1 = fp8_attention_fwd(qkv, routing=route, return_lse=True, sparse=one_part, **kw)
     grid, lse0 = fp8_attention_fwd(qkv, routing=replace(route, dense_rows=0), return_lse=True,
-                                   **kw)
+                                   sparse=one_part, **kw)
+    assert heavy == [2, 0] and row_ends == []  # the list kernel, its CTAs reordered or not
     assert torch.equal(first, grid) and torch.equal(lse1, lse0)  # CTA order: the same bits
-    split, _ = fp8_attention_fwd(qkv, routing=route, **kw)
+    split, _ = fp8_attention_fwd(qkv, routing=route, sparse=one_part, **kw)
+    assert row_ends == [192]  # the dense kernel took the first CTA's rows
     lists, _ = fp8_attention_fwd(qkv, routing=route, sparse=lists_only, **kw)
-    assert torch.equal(lists, first)
+    assert row_ends == [192] and torch.equal(lists, first)
     # the dense kernel adds each 128-key tile's row sum at once, the list kernel per 64-key box
     ulps = bf16_ulps(split[:, :192], lists[:, :192])
     print(f"GPU dense-kernel rows: {int((ulps > 0).sum())} of {ulps.numel()} differ, max "
@@ -551,7 +573,8 @@ def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
     assert bool((ulps <= 1).all()) and float((ulps > 0).float().mean()) < 0.05
     assert torch.equal(split[:, 192:], lists[:, 192:])
     for _ in range(2):  # the side stream's rows are joined before the call returns
-        assert torch.equal(fp8_attention_fwd(qkv, routing=route, **kw)[0], split)
+        assert torch.equal(fp8_attention_fwd(qkv, routing=route, sparse=one_part, **kw)[0],
+                           split)
 
 
 @pytest.mark.gpu

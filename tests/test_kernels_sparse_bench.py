@@ -75,12 +75,13 @@ def test_sparse_table_has_the_ratios_and_the_skip_reasons():
     assert [c.strip() for c in nv.split("|")][7] == ""  # no ratio of the peer against itself
     assert "| block sums of Q, K, V | 0.500 |  | 1.25 |  | 2.80 |" in md  # no graph time
     # the header names our Sol recipe and what it does with the prefix rows
-    assert "(Sol sink, BF16 prefix rows)" in md and "`fp8_sol_kv_corrected`" in md
+    assert "(Sol sink, BF16 prefix rows; the BF16 Sol rows route them)" in md
+    assert "`fp8_sol_kv_corrected`" in md
     rep = sparse_report()
     rep["config"]["sol_recipe"] = "fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true"
-    assert "(Sol sink, prefix blocks exact in FP8)" in sparse.markdown(rep)
+    assert "(Sol sink, prefix blocks exact in FP8;" in sparse.markdown(rep)
     rep["config"]["sol_recipe"] = "fp8_sol_kv_corrected:dense_prefix=false"
-    assert "(Sol sink, prefix rows routed)" in sparse.markdown(rep)
+    assert "(Sol sink, prefix rows routed;" in sparse.markdown(rep)
 
 
 def test_sparse_table_graph_columns_where_timed():
@@ -211,6 +212,8 @@ def test_workbench_bench_has_sparse_and_dit_subcommands(capsys):
     assert sparse.config_from_args(parser.parse_args(["bench", "sparse"])).sol_recipe == \
         sparse.SOL_RECIPE
     for bad, why in (("fp8_dense_kv_corrected", "sparsity='dense'"),
+                     ("bf16:sparsity=sol", "qk_format='bf16'"),
+                     ("fp8_sol_kv_corrected:sol_threshold=diag", "--threshold diag"),
                      ("fp8_sol_kv_corrected:prefix_blocks_exact=true", "dense_prefix"),
                      ("no_such_recipe", "no_such_recipe")):
         assert main(["bench", "sparse", "--sol-recipe", bad]) != 0

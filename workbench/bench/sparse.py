@@ -631,7 +631,7 @@ def _prefix_words(recipe: str) -> str:
     r = get_recipe(recipe)
     rows = ("BF16 prefix rows" if r.dense_prefix else
             "prefix blocks exact in FP8" if r.prefix_blocks_exact else "prefix rows routed")
-    return f"Sol sink, {rows}"
+    return f"Sol sink, {rows}; the BF16 Sol rows route them"
 
 
 def markdown(report: dict) -> str:
@@ -756,15 +756,22 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--heads and --rows must be >= 1")
     if args.sweep_rounds < 1:
         raise ValueError(f"--sweep-rounds: {args.sweep_rounds} < 1")
-    from workbench.recipes import RecipeError, get_recipe
+    from workbench.recipes import PRESETS, RecipeError, get_recipe
 
     try:
         sol = get_recipe(args.sol_recipe)
     except (RecipeError, KeyError, ValueError) as e:
         raise ValueError(f"--sol-recipe: {e}") from None
-    if sol.sparsity != "sol":
+    if sol.sparsity != "sol" or sol.qk_format != "fp8_e4m3":
         raise ValueError(f"--sol-recipe: {args.sol_recipe!r} has sparsity={sol.sparsity!r}, "
-                         "not 'sol'")
+                         f"qk_format={sol.qk_format!r}; an FP8 Sol recipe is needed (the BF16 "
+                         "Sol rows are bf16:sparsity=sol)")
+    preset = PRESETS.get(sol.name)
+    own = preset is None or sol.sol_threshold != preset.sol_threshold  # set in the string
+    if own and sol.sol_threshold != args.threshold:
+        raise ValueError(f"--sol-recipe: {args.sol_recipe!r} sets sol_threshold="
+                         f"{sol.sol_threshold!r}, --threshold is {args.threshold!r} (the bench "
+                         f"sets it for every Sol row): pass --threshold {sol.sol_threshold}")
     check_board_s(args.board_s)
 
 

@@ -17,7 +17,9 @@ as long: its consumers finish together instead of two of them waiting for the lo
 the producer warp reads their lists and loads every consumer's boxes into that consumer's own
 ring of STAGES slots (the lists differ, so nothing is shared), so the consumers issue no TMA
 loads or bookkeeping (only their next tile's two block indices and K scales, a tile ahead);
-registers 24 / 160 / 160 / 168 (``setmaxnreg``).
+registers 24 / 160 / 160 / 168 (``setmaxnreg``). The CTAs holding query blocks routed to every
+key block (``BlockRouting.dense_rows``, the recipe's ``prefix_blocks_exact``) start before all
+others (``heavy_groups``): started head by head their long lists ran past the last head's CTAs.
 
 Taken for one KV part (``SparseConfig.kv_splits`` 1), E4M3 operands, head dim 128, TMA boxes
 (``SparseConfig.schedule="warp_specialized"``) and the attention tiling it implements (128 keys

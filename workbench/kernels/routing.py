@@ -362,6 +362,11 @@ class BlockRouting:
     vc: torch.Tensor | None = None
     dense_rows: int = 0
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.dense_rows <= self.exact.shape[-2]:
+            raise ValueError(f"BlockRouting.dense_rows: {self.dense_rows} not in [0, "
+                             f"{self.exact.shape[-2]}] (query blocks)")
+
     @property
     def density(self) -> float:
         """Fraction of (query block, key block) pairs computed exactly."""
