@@ -103,6 +103,7 @@ CASES = [  # (S, H, Hkv, D, recipe)
     # the BF16 baselines on the same loop (BF16 operands and P, no quantizer)
     (400, 2, 2, 64, "vsa_bf16:vsa_keep=0.3"),
     (333, 2, 1, 128, "bf16:sparsity=sol,sol_tau=0.5"),
+    (333, 2, 1, 128, "bf16:sparsity=sol,sol_tau=0.5,prefix_blocks_exact=true"),
 ]
 
 

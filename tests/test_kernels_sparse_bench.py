@@ -41,6 +41,13 @@ def test_vsa_keep_fraction_routes_the_target_density(n, n_prefix):
         count = vsa_keep_count(rec.with_(vsa_keep=keep), n, n_prefix) + n_prefix
         assert count == n_prefix + min(n - n_prefix, max(1, round(d * n) - n_prefix)), (d, keep)
     assert sparse.vsa_keep_for_density(1.0, n, n_prefix) == 1.0
+    # with the prefix tiles' query tiles keeping every tile, the whole map hits the target
+    for d in (0.1, 0.35, 0.9):
+        keep = sparse.vsa_keep_for_density(d, n, n_prefix, dense_rows=n_prefix)
+        count = vsa_keep_count(rec.with_(vsa_keep=keep), n, n_prefix) + n_prefix
+        density = (n_prefix * n + (n - n_prefix) * count) / n**2
+        floor = (n_prefix * n + (n - n_prefix) * (n_prefix + 1)) / n**2  # one routed tile
+        assert abs(density - max(d, floor)) <= 0.5 / n + 1e-9, (d, density)
 
 
 def sparse_report():
@@ -79,9 +86,9 @@ def test_sparse_table_has_the_ratios_and_the_skip_reasons():
     assert "`fp8_sol_kv_corrected`" in md
     rep = sparse_report()
     rep["config"]["sol_recipe"] = "fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true"
-    assert "(Sol sink, prefix blocks exact in FP8;" in sparse.markdown(rep)
+    assert "(Sol sink, prefix blocks exact in FP8, in BF16 in" in sparse.markdown(rep)
     rep["config"]["sol_recipe"] = "fp8_sol_kv_corrected:dense_prefix=false"
-    assert "(Sol sink, prefix rows routed;" in sparse.markdown(rep)
+    assert "(Sol sink, prefix rows routed)" in sparse.markdown(rep)
 
 
 def test_sparse_table_graph_columns_where_timed():

@@ -87,13 +87,18 @@ class SparseBenchConfig:
     graph: bool = False
 
 
-def vsa_keep_for_density(density: float, n_tiles: int, n_prefix: int) -> float:
+def vsa_keep_for_density(density: float, n_tiles: int, n_prefix: int,
+                         dense_rows: int = 0) -> float:
     """The ``vsa_keep`` whose exempt-prefix selection routes round(density * n_tiles) tiles per
-    query tile (the prefix tiles plus ceil(keep * video tiles)); 1.0 at density 1."""
+    query tile (the prefix tiles plus ceil(keep * video tiles)); 1.0 at density 1. dense_rows:
+    query tiles that keep every tile (``prefix_blocks_exact``): the others then route
+    round(n_tiles * (density * n_tiles - dense_rows) / (n_tiles - dense_rows)), so that the
+    whole map's density is the target."""
     n_video = n_tiles - n_prefix
-    if density >= 1.0 or n_video <= 0:
+    if density >= 1.0 or n_video <= 0 or dense_rows >= n_tiles:
         return 1.0
-    m = min(n_video, max(1, round(density * n_tiles) - n_prefix))
+    per_row = n_tiles * (density * n_tiles - dense_rows) / (n_tiles - dense_rows)
+    m = min(n_video, max(1, round(per_row) - n_prefix))
     return (m - 0.5) / n_video  # ceil((m - 0.5)) = m, away from rounding at the integer
 
 
@@ -461,7 +466,9 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         vsa = rv_density = None
         if d is not None:
             vsa = sol_base.with_(sparsity="vsa", vsa_tile=64,
-                                 vsa_keep=vsa_keep_for_density(d, nb, n_prefix_tiles))
+                                 vsa_keep=vsa_keep_for_density(
+                                     d, nb, n_prefix_tiles, routing.exact_query_blocks(
+                                         sol_base, layout.prefix_len, 64)))
             rv_density = routing.vsa_routing(q, k, v, vsa, layout=layout, sums=sums).density
             def vsa_route(vsa=vsa, s=sums):
                 return routing.vsa_routing(q, k, v, vsa, layout=layout, sums=s)
@@ -488,7 +495,8 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
             tau=sol.sol_tau, emu=emulate(sol))
         if cfg.bf16:  # the BF16 baseline on the same loop (NVIDIA's kernel is BF16 too)
             b16 = get_recipe("bf16").with_(sparsity="sol", sol_tau=sol.sol_tau,
-                                           sol_threshold=cfg.threshold)
+                                           sol_threshold=cfg.threshold,
+                                           prefix_blocks_exact=sol.prefix_blocks_exact)
             record(f"ours BF16 Sol {cfg.threshold}", lambda b16=b16: run_attention(
                 q, k, v, b16, layout=layout, backend="kernel"), route="sol", density=dens,
                 tau=sol.sol_tau, emu=emulate(b16))
@@ -629,9 +637,11 @@ def _prefix_words(recipe: str) -> str:
     from workbench.recipes import get_recipe
 
     r = get_recipe(recipe)
-    rows = ("BF16 prefix rows" if r.dense_prefix else
-            "prefix blocks exact in FP8" if r.prefix_blocks_exact else "prefix rows routed")
-    return f"Sol sink, {rows}; the BF16 Sol rows route them"
+    if r.dense_prefix:
+        return "Sol sink, BF16 prefix rows; the BF16 Sol rows route them"
+    if r.prefix_blocks_exact:
+        return "Sol sink, prefix blocks exact in FP8, in BF16 in the BF16 Sol rows"
+    return "Sol sink, prefix rows routed"
 
 
 def markdown(report: dict) -> str:
