@@ -130,9 +130,11 @@ def test_sparse_kernel_error_within_125_percent_of_the_emulation(S, H, Hkv, D, n
 PREFIX_EXACT = "fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true"
 
 
-def prefix_blocks_case(name, S, H, Hkv, D, device=None):
-    """(kernel out, f64 reference, emulation, dense-FP8 emulation, routed kernel out, rows of
-    the query blocks holding prefix rows) of a Sol or VSA recipe with ``prefix_blocks_exact``."""
+def check_prefix_blocks(name, S, H, Hkv, D, device=None):
+    """A Sol or VSA recipe with ``prefix_blocks_exact`` on 114 prefix rows: the rows of the
+    query blocks holding them as accurate as the dense FP8 recipe's (within the 1.25x rule) and
+    more accurate than the same blocks routed, the whole output within the rule of its
+    emulation. Returns (kernel out, f64 reference, emulation, routed kernel out, those rows)."""
     q, k, v, layout = synthetic(S, H, Hkv, D, seed=S + 5, prefix=(14, 100), device=device)
     ref, _ = dense_attention_f64(q, k, v)
     emu = recipe_attention(q, k, v, name, layout=layout)
@@ -140,7 +142,15 @@ def prefix_blocks_case(name, S, H, Hkv, D, device=None):
     out = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
     routed_name = name.replace("prefix_blocks_exact=true", "prefix_blocks_exact=false")
     routed = dispatch.fp8_recipe_attention(q, k, v, routed_name, layout=layout)
-    return out, ref, emu, dense, routed, slice(0, -(-layout.prefix_len // 64) * 64)
+    pre = slice(0, -(-layout.prefix_len // 64) * 64)
+    e_pre, e_dense = rel_l2(out[:, pre], ref[:, pre]), rel_l2(dense.out[:, pre], ref[:, pre])
+    e_routed = rel_l2(routed[:, pre], ref[:, pre])
+    e_k, e_e = rel_l2(out, ref), rel_l2(emu.out, ref)
+    print(f"{device or 'cpu'} {name}: prefix blocks {e_pre:.4e} (dense FP8 emulation "
+          f"{e_dense:.4e}, routed {e_routed:.4e}); all rows kernel {e_k:.4e} emulation {e_e:.4e}")
+    assert e_pre <= 1.25 * e_dense and e_pre < 0.8 * e_routed
+    assert e_k <= 1.25 * e_e
+    return out, ref, emu, routed, pre
 
 
 def test_heavy_groups_count_the_ctas_of_the_dense_rows():
@@ -156,17 +166,10 @@ def test_heavy_groups_count_the_ctas_of_the_dense_rows():
                                   "dense_prefix=false,prefix_blocks_exact=true"])
 def test_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name):
     """``prefix_blocks_exact``: the query blocks holding the 114 prefix rows take every key
-    block on the FP8 loop (no BF16 replacement): those rows as accurate as the dense FP8
-    recipe's (within the 1.25x rule) and more accurate than the same blocks routed; the whole
-    output within the rule of its emulation."""
-    out, ref, emu, dense, routed, pre = prefix_blocks_case(name, 400, 2, 2, 64)
-    e_pre, e_dense = rel_l2(out[:, pre], ref[:, pre]), rel_l2(dense.out[:, pre], ref[:, pre])
-    e_routed = rel_l2(routed[:, pre], ref[:, pre])
-    e_k, e_e = rel_l2(out, ref), rel_l2(emu.out, ref)
-    print(f"{name}: prefix blocks {e_pre:.4e} (dense FP8 emulation {e_dense:.4e}, routed "
-          f"{e_routed:.4e}); all rows kernel {e_k:.4e} emulation {e_e:.4e}")
-    assert e_pre <= 1.25 * e_dense and e_pre < 0.8 * e_routed
-    assert e_k <= 1.25 * e_e and rel_l2(out, emu.out.double()) < 0.3 * e_e
+    block on the FP8 loop (no BF16 replacement; ``check_prefix_blocks``), the other rows are
+    the routed call's bits."""
+    out, ref, emu, routed, pre = check_prefix_blocks(name, 400, 2, 2, 64)
+    assert rel_l2(out, emu.out.double()) < 0.3 * rel_l2(emu.out, ref)  # the twin, up to FP8
     # rows after the prefix blocks: the same routing and operands as the routed call
     post = slice(pre.stop, None)
     assert torch.equal(out[:, post], routed[:, post])
@@ -526,14 +529,7 @@ def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name, monkeypatch):
     two, so 5 such blocks per head, the first three (a whole CTA) on the dense kernel on a side
     stream (``SparseConfig.dense_rows_kernel``), the other two in the list kernel, their CTAs
     first (``heavy_groups``); with the LSE all five in the list kernel."""
-    out, ref, emu, dense, routed, pre = prefix_blocks_case(name, 4111, 4, 2, 128, "cuda")
-    e_pre, e_dense = rel_l2(out[:, pre], ref[:, pre]), rel_l2(dense.out[:, pre], ref[:, pre])
-    e_routed = rel_l2(routed[:, pre], ref[:, pre])
-    e_k, e_e = rel_l2(out, ref), rel_l2(emu.out, ref)
-    print(f"GPU {name}: prefix blocks {e_pre:.4e} (dense FP8 emulation {e_dense:.4e}, routed "
-          f"{e_routed:.4e}); all rows kernel {e_k:.4e} emulation {e_e:.4e}")
-    assert e_pre <= 1.25 * e_dense and e_pre < 0.8 * e_routed
-    assert e_k <= 1.25 * e_e
+    check_prefix_blocks(name, 4111, 4, 2, 128, "cuda")
 
     from workbench.kernels import attention_fp8_ws
 
