@@ -23,6 +23,7 @@ from workbench.attention import SegmentLayout  # noqa: E402
 from workbench.attention.sparsity import (  # noqa: E402
     LOG2E,
     block_reduce,
+    prefix_query_blocks,
     sol_block_map,
     sol_exact,
     sol_scores,
@@ -366,8 +367,8 @@ def test_sol_list_pass_equals_sol_exact_and_compact_blocks(nq, nk, band, prefix_
     rec = get_recipe("fp8_sol_k").with_(sol_band=band, dense_prefix=False,
                                         prefix_blocks_exact=prefix_exact)
     twin = sol_exact(scores, theta, rec, prefix_len)
-    n_rows = routing.exact_query_blocks(rec, prefix_len, rec.sol_block)
-    assert n_rows == (-(-prefix_len // 64) if prefix_exact else 0)
+    n_rows = prefix_query_blocks(rec, prefix_len, rec.sol_block, nq)
+    assert n_rows == (min(nq, -(-prefix_len // 64)) if prefix_exact else 0)
     if n_rows:  # those query blocks hold every key block, the others do not
         assert bool(twin[..., :n_rows, :].all()) and not bool(twin[..., n_rows:, :].all())
     blocks, counts, exact = routing.sol_lists(scores, theta, band,
@@ -396,7 +397,7 @@ def test_vsa_list_pass_equals_vsa_select_and_compact_blocks(nk, prefix_len, mode
     twin = vsa_select(scores, rec, prefix_len)
     n_sink = min(nk, routing.sink_blocks(prefix_len, rec.vsa_tile))
     exempt = mode == "exempt" and n_sink > 0
-    n_rows = min(5, routing.exact_query_blocks(rec, prefix_len, rec.vsa_tile))
+    n_rows = prefix_query_blocks(rec, prefix_len, rec.vsa_tile, 5)
     if n_rows:  # those query tiles keep every tile (the others keep ~keep of them)
         assert bool(twin[:, :n_rows].all())
         assert keep > 0.9 or n_rows == 5 or not bool(twin[:, n_rows:].all())

@@ -91,13 +91,20 @@ def sol_exact(
     return exact_prefix_blocks(exact, recipe, recipe.sol_block, prefix_len)
 
 
+def prefix_query_blocks(recipe: AttentionRecipe, prefix_len: int, block: int, nq: int) -> int:
+    """Leading query blocks (of nq) routed to every key block: those holding prefix rows (i *
+    block < prefix_len) when the recipe has ``prefix_blocks_exact``, else none."""
+    if not recipe.prefix_blocks_exact or prefix_len <= 0:
+        return 0
+    return min(nq, -(-prefix_len // block))
+
+
 def exact_prefix_blocks(exact: torch.Tensor, recipe: AttentionRecipe, block: int,
                         prefix_len: int) -> torch.Tensor:
-    """exact [..., nq, nk] with the rows of the query blocks holding prefix rows (i * block <
-    prefix_len) all True when the recipe has ``prefix_blocks_exact``; else unchanged."""
-    if not recipe.prefix_blocks_exact or prefix_len <= 0:
+    """exact [..., nq, nk] with the rows of the ``prefix_query_blocks`` all True."""
+    n = prefix_query_blocks(recipe, prefix_len, block, exact.shape[-2])
+    if not n:
         return exact
-    n = min(exact.shape[-2], -(-prefix_len // block))
     exact = exact.clone()
     exact[..., :n, :] = True
     return exact

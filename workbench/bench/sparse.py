@@ -322,6 +322,7 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
     """Measure every variant (see the module docstring). Returns {env, config, routing, rows}."""
     from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
     from workbench.attention.runner import run_attention
+    from workbench.attention.sparsity import prefix_query_blocks
     from workbench.kernels import routing
     from workbench.recipes import get_recipe
 
@@ -467,8 +468,8 @@ def run(cfg: SparseBenchConfig = SparseBenchConfig(), log=print) -> dict:
         if d is not None:
             vsa = sol_base.with_(sparsity="vsa", vsa_tile=64,
                                  vsa_keep=vsa_keep_for_density(
-                                     d, nb, n_prefix_tiles, routing.exact_query_blocks(
-                                         sol_base, layout.prefix_len, 64)))
+                                     d, nb, n_prefix_tiles, prefix_query_blocks(
+                                         sol_base, layout.prefix_len, 64, nb)))
             rv_density = routing.vsa_routing(q, k, v, vsa, layout=layout, sums=sums).density
             def vsa_route(vsa=vsa, s=sums):
                 return routing.vsa_routing(q, k, v, vsa, layout=layout, sums=s)

@@ -750,7 +750,7 @@ def fp8_attention_fwd(
             try:
                 ws_lists.fp8_attention_ws_lists(
                     qkv, routing, out=out, lse=lse, scale=scale,
-                    row_start=max(row_start, dense_end) if side is not None else row_start,
+                    row_start=dense_end if side is not None else row_start,
                     out_f32=out_f32, p_log2_scale=P_LOG2_SCALES[p_scaling], sum_o=sp.sum_o,
                     sum_ml=sp.sum_ml, stages=c.num_stages, grouping=sparse.ws_grouping,
                     summary=tiles)

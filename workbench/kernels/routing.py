@@ -56,6 +56,7 @@ import triton.language as tl
 from workbench.attention.layout import InputError, SegmentLayout, check_qkv
 from workbench.attention.sparsity import (
     LOG2E,
+    prefix_query_blocks,
     sol_exact,
     sol_scores,
     sol_threshold,
@@ -495,8 +496,7 @@ def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
     _lists_kernel[(triton.cdiv(R, rows),)](
         src, theta if mode == "sol" and not row_theta else counts, src, blocks, counts,
         exact.view(torch.uint8), R, nq, nk, band, sink_blocks, exact_rows, keep or 0,
-        src.stride(0),
-        src.stride(0), float(tau) if row_theta else 0.0,
+        src.stride(0), src.stride(0), float(tau) if row_theta else 0.0,
         NK_PAD=triton.next_power_of_2(nk), ROWS=rows, MODE=mode, EXEMPT=bool(exempt),
         THETA_ROW=row_theta, num_warps=config.list_warps,
     )
@@ -576,12 +576,6 @@ def sink_blocks(prefix_len: int, block: int) -> int:
     return max(0, -(-prefix_len // block))
 
 
-def exact_query_blocks(recipe: AttentionRecipe, prefix_len: int, block: int) -> int:
-    """Leading query blocks routed to every key block: those holding prefix rows when the
-    recipe has ``prefix_blocks_exact`` (``sparsity.exact_prefix_blocks``), else none."""
-    return sink_blocks(prefix_len, block) if recipe.prefix_blocks_exact else 0
-
-
 def _layout_for(layout: SegmentLayout | None, S: int) -> SegmentLayout:
     layout = layout or SegmentLayout.all_video(S)
     if layout.total != S:
@@ -653,12 +647,12 @@ def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     sums, qbar, kc, vc, c, group = _sol_inputs(q, k, v, recipe, scale, sums, mu_k, mu_v,
                                                config)
     scores, theta = sol_scores(qbar, _expand(kc, group), recipe, c)
-    dense_rows = exact_query_blocks(recipe, layout.prefix_len, recipe.sol_block)
+    dense_rows = prefix_query_blocks(recipe, layout.prefix_len, recipe.sol_block,
+                                     scores.shape[-2])
     blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
                                       exact_rows=dense_rows, config=config)
-    return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc,
-                        min(dense_rows, exact.shape[-2]))
+    return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc, dense_rows)
 
 
 def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
@@ -678,13 +672,14 @@ def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
         sums, recipe, scale, rows=config.front_rows, parts=config.front_parts)
     group = qbar.shape[1] // kc.shape[1]
     scores = (qbar @ _expand(kc, group).transpose(-1, -2)) * (scale * LOG2E)  # as sol_scores
-    dense_rows = exact_query_blocks(recipe, layout.prefix_len, recipe.sol_block)
+    dense_rows = prefix_query_blocks(recipe, layout.prefix_len, recipe.sol_block,
+                                     scores.shape[-2])
     blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
                                       tau=recipe.sol_tau if theta is None else None,
                                       exact_rows=dense_rows, config=config)
     return mu_k, mu_v, v_amax, BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens,
-                                            kc, vc, min(dense_rows, exact.shape[-2]))
+                                            kc, vc, dense_rows)
 
 
 def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -710,7 +705,8 @@ def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     n_sink = min(nk, sink_blocks(layout.prefix_len, recipe.vsa_tile))
     exempt = recipe.vsa_prefix == "exempt" and n_sink > 0
     keep = vsa_keep_count(recipe, nk, n_sink)
-    dense_rows = exact_query_blocks(recipe, layout.prefix_len, recipe.vsa_tile)
+    dense_rows = prefix_query_blocks(recipe, layout.prefix_len, recipe.vsa_tile,
+                                     scores.shape[-2])
     if exempt and n_sink == nk:  # every tile is prefix: all kept (vsa_select's mask |= prefix)
         exact = torch.ones_like(scores, dtype=torch.bool)
         blocks, counts = mask_lists(exact, config=config)
@@ -718,7 +714,7 @@ def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         blocks, counts, exact = vsa_lists(scores, keep, n_sink, exempt, exact_rows=dense_rows,
                                           config=config)
     return BlockRouting(blocks, counts, exact, recipe.vsa_tile, sums.lens,
-                        dense_rows=min(dense_rows, exact.shape[-2]))
+                        dense_rows=dense_rows)
 
 
 def route(q, k, v, recipe, *, layout=None, scale=None, **kw) -> BlockRouting:
