@@ -19,7 +19,8 @@ exact-tile launch (the Gluon kernel ``summary_gluon`` where it runs, else the Tr
 route, no merge of its state);
 its pointer arguments carry the 16-byte
 divisibility of the real launch. Used to check a kernel change (spills, MUFU / FP32 op counts,
-the main loop's instruction count) before spending GPU time on it.
+the main loop's instruction count; for the warp-specialized kernels each consumer's tile loops
+and the producer's rounds, with their spills) before spending GPU time on it.
 """
 
 from __future__ import annotations
@@ -264,6 +265,7 @@ def sass_counts(kernel, tag: str, out_dir: str = "/tmp/sass") -> dict:
     counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass)) for op in OPS}
     counts["main_loop"] = main_loop_counts(sass)
     counts["tile_loops"] = tile_loops(sass)
+    counts["producer_loops"] = producer_loops(sass)
     # warp-specialized kernels: the per-partition register counts (setmaxnreg in the PTX)
     counts["setmaxnreg"] = sorted({int(x) for x in re.findall(
         r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)", kernel.asm["ptx"])})
@@ -283,19 +285,37 @@ def _instructions(sass: str) -> tuple[list[int], list[str]]:
     return addr, ops
 
 
+def _loop_bodies(sass: str) -> list[list[str]]:
+    """The instructions of every backward-branch range (a loop body, or loops nested in one)."""
+    addr, ops = _instructions(sass)
+    bodies = []
+    for a, ins in zip(addr, ops):
+        m = re.match(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", ins)
+        if m and int(m.group(1), 16) < a:
+            bodies.append([o for x, o in zip(addr, ops) if int(m.group(1), 16) <= x <= a])
+    return bodies
+
+
+def _spills(body: list[str]) -> int:
+    return sum(o.startswith(("STL", "LDL")) for o in body)
+
+
 def tile_loops(sass: str) -> list[list[int]]:
     """[instructions, spill loads + stores] of every backward-branch range holding one tile's
     8 QGMMAs (each consumer's exact-tile loop, and its summary-tile loop where there is one)."""
-    addr, ops = _instructions(sass)
-    loops = []
-    for a, ins in zip(addr, ops):
-        m = re.match(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", ins)
-        if not m or int(m.group(1), 16) >= a:
-            continue
-        body = [o for x, o in zip(addr, ops) if int(m.group(1), 16) <= x <= a]
-        if sum(o.startswith("QGMMA") for o in body) == 8:
-            loops.append([len(body), sum(o.startswith(("STL", "LDL")) for o in body)])
-    return loops
+    return [[len(b), _spills(b)] for b in _loop_bodies(sass)
+            if sum(o.startswith("QGMMA") for o in b) == 8]
+
+
+def producer_loops(sass: str) -> list[list[int]]:
+    """[instructions, spill loads + stores] of every backward-branch range that issues TMA loads
+    and no wgmma: the warp-specialized kernels' producer rounds. The producer warp has 24
+    registers; a round that spills waits on local memory between its slot waits and loads, and
+    when summary tiles follow the exact ones that round is on the critical path (a per-item
+    form of the list kernel whose round spilled 13 times ran 15-21% slower, BENCHMARKS.md)."""
+    return [[len(b), _spills(b)] for b in _loop_bodies(sass)
+            if any(o.startswith("UTMALDG") for o in b)
+            and not any(o.startswith("QGMMA") for o in b)]
 
 
 def main_loop_counts(sass: str) -> dict:
