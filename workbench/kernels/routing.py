@@ -453,10 +453,10 @@ def _lists_kernel(
         exact = compete & (key >= kth[:, None])
         if EXEMPT:
             exact = exact | (j < sink_blocks)[None, :]
-    if MODE != "mask":
-        exact = exact | ((r % nq) < exact_rows)[:, None]
     else:
         exact = tl.load(MASK + r64[:, None] * stride_m + j[None, :], mask=ok, other=0) != 0
+    if MODE != "mask":
+        exact = exact | ((r % nq) < exact_rows)[:, None]
     exact = exact & ok  # padding columns are not exact: their pos lands past nk, masked
     e = exact.to(tl.int32)
     cs = tl.cumsum(e, axis=1)  # exact blocks among 0..j
