@@ -730,7 +730,6 @@ def fp8_attention_fwd(
         if sp.ws:  # the exact tiles, warp-specialized
             from . import attention_fp8_ws_lists as ws_lists
 
-            tiles = ws_lists.summary_tiles(qkv, routing) if sp.tiles else None
             # whole CTAs of query blocks routed to every key block (prefix_blocks_exact): the
             # dense kernel's rows (its three consumers share each K / V tile) on a side stream
             dense_end = (routing.dense_rows // 3) * 192 if sparse.dense_rows_kernel else 0
@@ -747,7 +746,8 @@ def fp8_attention_fwd(
                                          row_start=row_start, out_f32=out_f32,
                                          p_scaling=p_scaling, stages=c.num_stages,
                                          row_end=dense_end)
-            try:
+            try:  # the summary tiles' operands after the fork: the dense rows do not need them
+                tiles = ws_lists.summary_tiles(qkv, routing) if sp.tiles else None
                 ws_lists.fp8_attention_ws_lists(
                     qkv, routing, out=out, lse=lse, scale=scale,
                     row_start=dense_end if side is not None else row_start,
