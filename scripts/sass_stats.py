@@ -16,11 +16,11 @@ lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered
 launch's register cap); ``"summary_only": true`` compiles Sol's summary pass instead of the
 exact-tile launch (the Gluon kernel ``summary_gluon`` where it runs, else the Triton one;
 ``"summary_kernel": "triton"`` forces the latter), and ``"summary": false`` for VSA (no summary
-route, no merge of its state);
-its pointer arguments carry the 16-byte
-divisibility of the real launch. Used to check a kernel change (spills, MUFU / FP32 op counts,
-the main loop's instruction count; for the warp-specialized kernels each consumer's tile loops
-and the producer's rounds, with their spills) before spending GPU time on it.
+route, no merge of its state). Its arguments carry the specializations of a launch at the H3
+anchor (16-byte aligned pointers, ``H3_LAUNCH_INTS``; ``"row_start"`` sets that argument). Used
+to check a kernel change (spills, MUFU / FP32 op counts, the main loop's instruction count; for
+the warp-specialized kernels each consumer's tile loops and the producer's rounds, with their
+spills) before spending GPU time on it.
 """
 
 from __future__ import annotations
@@ -50,13 +50,44 @@ OPS = ["QGMMA", "MUFU.EX2", "FMUL", "FFMA", "FADD", "FMNMX", "HADD2", "F2FP", "F
 SPARSE_KEYS = ("sparse", "summary", "tma", "summary_precision", "summary_chunk", "schedule",
                "sparse_maxnreg", "summary_only", "summary_kernel")
 
+# The integer arguments of a launch at the H3 anchor (1, 32626, 56, 128), specialized as triton
+# specializes them at a launch: an int equal to 1 becomes a constant, one divisible by 16 carries
+# that divisibility. Without them the offline code was not the launch's: the list kernel's output
+# stores compiled to 16-bit stores (32-bit at the launch) and its spills sat elsewhere.
+# "row_start" is a key of the JSON overrides (0 here; 370 for the Sol recipe's BF16 prefix rows).
+H3_LAUNCH_INTS = dict(S=32626, S_len=32626, S_pad=32640, H=56, GROUP=1, row_start=0,
+                      stride_ob=32626 * 56 * 128, stride_os=56 * 128, stride_oh=128, N_QB=510,
+                      N_KB=510, N_BH=56, ORDER_STRIDE=510, HEAVY=0)
 
-def _compile_gluon(fn, types: list[str], constexprs: dict, *, divisibility: bool = False,
+
+def launch_specialization(fn, sig: dict, cst: dict, ints: dict) -> dict:
+    """The launch's specializations of kernel fn's run-time arguments: every pointer 16-byte
+    aligned (torch's allocations), and each int argument named in `ints` as triton specializes
+    its value (1: a constant, put into `cst` and `sig`; divisible by 16: that divisibility),
+    unless the kernel says ``do_not_specialize`` for it. Returns the compile attributes."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    attrs = {}
+    for i, param in enumerate(fn.params):
+        n = param.name
+        if sig[n].startswith("*"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif sig[n] in ("i32", "i64") and n in ints and not param.do_not_specialize:
+            kind, spec = native_specialize_impl(BaseBackend, ints[n], False, True, True)
+            if kind == "constexpr":
+                sig[n], cst[n] = "constexpr", ints[n]
+            elif spec == "D":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def _compile_gluon(fn, types: list[str], constexprs: dict, ints: dict,
                    maxnreg: int | None = None):
     """Compile a Gluon kernel for sm_90a as its launch does: `types` the leading arguments'
     signature types (the rest constexpr), `constexprs` their values (a "constexpr" type's value
-    None); divisibility: tell the compiler every pointer is 16-byte aligned (torch's
-    allocations). num_warps 4 and the warp-specialized kernels' register cap."""
+    None), `ints` the launch's integer arguments (``launch_specialization``). num_warps 4 and
+    the warp-specialized kernels' register cap."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from workbench.kernels.attention_fp8_ws import MAXNREG
@@ -65,8 +96,7 @@ def _compile_gluon(fn, types: list[str], constexprs: dict, *, divisibility: bool
     sig = dict(zip(names, types + ["constexpr"] * (len(names) - len(types))))
     cst = dict(constexprs)
     cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
-    attrs = ({(i,): [["tt.divisibility", 16]] for i, t in enumerate(types) if t.startswith("*")}
-             if divisibility else {})
+    attrs = launch_specialization(fn, sig, cst, ints)
     src = GluonASTSource(fn=fn, signature=sig, attrs=attrs,
                          constexprs={(names.index(k),): v for k, v in cst.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -100,7 +130,7 @@ def _ws_constexprs(overrides: dict) -> dict:
                 OUT_F32=False)
 
 
-def compile_ws(overrides: dict):
+def compile_ws(overrides: dict, ints: dict):
     """The warp-specialized dense kernel (``attention_fp8_ws``, Gluon) as ``fp8_attention_fwd``
     launches it for ``schedule="warp_specialized"`` (head dim 128, BF16 output)."""
     from workbench.kernels.attention_fp8_ws import CONSUMERS, MAXNREG
@@ -109,11 +139,11 @@ def compile_ws(overrides: dict):
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
                                                     if k not in ("p_scaling", "perm_p")})
     cst = dict(_ws_constexprs({**overrides, "num_stages": cfg.num_stages}), N_CONS=CONSUMERS)
-    kernel = _compile_gluon(ws, _ws_types(128, 128), cst)
+    kernel = _compile_gluon(ws, _ws_types(128, 128), cst, ints)
     return kernel, dataclasses.replace(cfg, maxnreg=MAXNREG)
 
 
-def compile_ws_lists(overrides: dict):
+def compile_ws_lists(overrides: dict, ints: dict):
     """The warp-specialized exact tiles of block-sparse attention (``attention_fp8_ws_lists``)
     as the sparse launch takes them (Sol: merging the summary pass's state; ``"summary": false``
     for VSA)."""
@@ -138,11 +168,11 @@ def compile_ws_lists(overrides: dict):
     else:
         types += ["constexpr"] * 4
     cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=merge, SUM_TILES=tiles)
-    kernel = _compile_gluon(ws, types, cst, divisibility=True)
+    kernel = _compile_gluon(ws, types, cst, ints)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
 
 
-def compile_summary_gluon(overrides: dict):
+def compile_summary_gluon(overrides: dict, ints: dict):
     """Sol's summary pass in Gluon (``summary_gluon``) as the sparse launch takes it (head dim
     128, the prefix blocks skipped)."""
     chunk = overrides.get("summary_chunk", DEFAULT.sparse.summary_chunk)
@@ -151,21 +181,23 @@ def compile_summary_gluon(overrides: dict):
     types += ["i32"] * 7 + ["fp32", "i32"]
     cst = dict(HEAD_D=128, CHUNK=chunk, P_LOG2_SCALE=p_log2, SKIP_PREFIX=True)
     regs = summary_gluon.MAXNREG
-    kernel = _compile_gluon(summary_gluon._summary_kernel, types, cst, divisibility=True,
-                            maxnreg=regs)
+    kernel = _compile_gluon(summary_gluon._summary_kernel, types, cst, ints, maxnreg=regs)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=regs)
 
 
 def compile_sm90(overrides: dict):
-    """Compile the kernel as ``fp8_attention_fwd`` launches it (head dim 128, BF16 output)."""
+    """Compile the kernel as ``fp8_attention_fwd`` launches it at the H3 anchor (head dim 128,
+    BF16 output, ``H3_LAUNCH_INTS`` with the overrides' "row_start")."""
+    ints = dict(H3_LAUNCH_INTS, **{k: overrides[k] for k in ("row_start",) if k in overrides})
+    overrides = {k: v for k, v in overrides.items() if k != "row_start"}
     sp_cfg = dataclasses.replace(DEFAULT.sparse, **{k: overrides[k] for k in (
         "summary_kernel", "summary_chunk", "summary_precision") if k in overrides})
     if overrides.get("summary_only") and summary_gluon.takes(sp_cfg):
-        return compile_summary_gluon(overrides)  # the kernel the sparse launch takes
+        return compile_summary_gluon(overrides, ints)  # the kernel the sparse launch takes
     if overrides.get("schedule") == "warp_specialized":
         if overrides.get("sparse"):
-            return compile_ws_lists(overrides)
-        return compile_ws(overrides)
+            return compile_ws_lists(overrides, ints)
+        return compile_ws(overrides, ints)
     if not overrides.get("sparse"):  # "schedule": "programs": AttentionConfig's, this kernel
         overrides = {k: v for k, v in overrides.items() if k != "schedule"}
     extra = {k: overrides[k] for k in ("p_scaling", "perm_p", "bf16") if k in overrides}
@@ -214,10 +246,7 @@ def compile_sm90(overrides: dict):
                SUM_PREC=scfg.summary_precision, SUMMARY_ONLY=summary_only,
                INIT_SUMMARY=init_summary)
     cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
-    attrs = {}
-    if sparse:  # the real launch's 16-byte alignment of every pointer (loads vectorize)
-        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(types)
-                 if t.startswith("*")}
+    attrs = launch_specialization(KERNEL, sig, cst, ints)
     src = ASTSource(fn=KERNEL, signature=sig,
                     constexprs={(names.index(k),): v for k, v in cst.items()}, attrs=attrs)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
