@@ -338,10 +338,10 @@ def tile_loops(sass: str) -> list[list[int]]:
 
 def producer_loops(sass: str) -> list[list[int]]:
     """[instructions, spill loads + stores] of every backward-branch range that issues TMA loads
-    and no wgmma: the warp-specialized kernels' producer rounds. The producer warp has 24
-    registers; a round that spills waits on local memory between its slot waits and loads, and
-    when summary tiles follow the exact ones that round is on the critical path (a per-item
-    form of the list kernel whose round spilled 13 times ran 15-21% slower, BENCHMARKS.md)."""
+    and no wgmma: the warp-specialized kernels' producer rounds (the producer warp has 24
+    registers). A per-item form of the list kernel whose round spilled ran 15-21% slower, but
+    so did its form with a spill-free 32-register producer, and forms that spilled more ran as
+    fast (BENCHMARKS.md, thirteenth and fourteenth rounds): what a spill costs there is small."""
     return [[len(b), _spills(b)] for b in _loop_bodies(sass)
             if any(o.startswith("UTMALDG") for o in b)
             and not any(o.startswith("QGMMA") for o in b)]
