@@ -340,8 +340,9 @@ def producer_loops(sass: str) -> list[list[int]]:
     """[instructions, spill loads + stores] of every backward-branch range that issues TMA loads
     and no wgmma: the warp-specialized kernels' producer rounds (the producer warp has 24
     registers). A per-item form of the list kernel whose round spilled ran 15-21% slower, but
-    so did its form with a spill-free 32-register producer, and forms that spilled more ran as
-    fast (BENCHMARKS.md, thirteenth and fourteenth rounds): what a spill costs there is small."""
+    its 32-register form, with fewer spills (2 and 8 against 13 and 29), was slower still, and
+    forms that spilled more ran as fast (BENCHMARKS.md, thirteenth and fourteenth rounds): what a
+    spill costs there is small."""
     return [[len(b), _spills(b)] for b in _loop_bodies(sass)
             if any(o.startswith("UTMALDG") for o in b)
             and not any(o.startswith("QGMMA") for o in b)]
