@@ -103,11 +103,11 @@ def test_list_kernel_with_summary_tiles_compiles_without_loop_spills():
     <= 540 (the bias add from shared memory is the difference), neither spilling, the bias slots
     within one SM's shared memory. With GROUP = 1 made a constant (the launch's specialization
     before the kernel said ``do_not_specialize``) consumers 1 and 2 spilled 20 times per exact
-    tile and 18 per summary tile. Not asserted: the producer's round spills at the launch (18
-    per round at 24 registers), and forms whose rounds spilled more (a leaner round: 11 and 104
-    per round; a 32-register producer: 6, and consumer 0 then 12 per tile) measured as fast on
-    the H200 (2026-12-02); the peeled last summary tile's range reloads a few values once per
-    query block."""
+    tile and 18 per summary tile, and the kernel ran 4-6% slower on the H200. Not asserted: the
+    producer's round spills at the launch (18 per round at 24 registers), and forms whose rounds
+    spilled more (a leaner round: 11 and 104 per round; a 32-register producer: 6, and consumer
+    0 then 12 per tile) measured as fast on the H200 (2026-12-02); the peeled last summary
+    tile's range reloads a few values once per query block."""
     st, = sass_stats({"schedule": "warp_specialized", "sparse": True,
                       "summary_kernel": "fp8_tiles"})
     assert st["shared"] <= 227 * 1024 and {24, 160, 168} <= set(st["setmaxnreg"]), st

@@ -324,13 +324,16 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     S, N_KB, bias_smem = args[15], args[31], args[43]
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     raw, slot = _qk_scores(t, q, c, args, mma)
+    # read after the product's wait: read while it ran, the bias kept 32 more registers live,
+    # the consumers spilled again and the list kernel ran 4-6% slower (H200, 2026-12-02)
     raw = raw + bias_smem.index(slot).load(cols)[None, :]
     m_cand = gl.maximum(m_i, gl.max(raw, axis=1) * skc)
     mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
     if LAST:  # the tile of the sequence's last block, whose rows are fewer: its score column
-        # taken before P (a reduction of P itself kept P's FP32 tile live past P @ V's issue:
-        # ptxas spilled, and the last tile cost about 2,200 cycles more per consumer, H200
-        # 2026-12-02); raw_last + zeros is raw_last exactly, so p_last below is P's own value
+        # taken before P (a reduction of P itself kept P's FP32 tile live past P @ V's issue
+        # and spilled more in this range; the two forms ran within the spread of each other,
+        # H200 2026-12-02, as did a row sum of P with that column scaled by a select); raw_last
+        # + zeros is raw_last exactly, so p_last below is P's own value
         jb = u * 128 + gl.arange(0, 128, layout=cols)
         raw_last = gl.sum(gl.where((jb == N_KB - 1)[None, :], raw, 0.0), axis=1)
     p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),
@@ -411,7 +414,8 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
 
 # GROUP stays a run-time int: at an MHA launch (GROUP = 1) triton made it a constant, and the
 # kernel then compiled with 20 spill loads and stores per exact tile in consumers 1 and 2
-# (scripts/sass_stats.py, which compiles as the launch specializes; GROUP > 1: none)
+# (scripts/sass_stats.py, which compiles as the launch specializes; GROUP > 1: none) and ran
+# 4-6% slower with Sol's summary tiles (H200, 2026-12-02; VSA unchanged)
 @gluon.jit(do_not_specialize=["GROUP"])
 def _fp8_attn_ws_lists_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
