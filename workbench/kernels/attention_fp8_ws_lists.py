@@ -329,21 +329,14 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     raw = raw + bias_smem.index(slot).load(cols)[None, :]
     m_cand = gl.maximum(m_i, gl.max(raw, axis=1) * skc)
     mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
-    if LAST:  # the tile of the sequence's last block, whose rows are fewer: its score column
-        # taken before P (a reduction of P itself kept P's FP32 tile live past P @ V's issue
-        # and spilled more in this range; the two forms ran within the spread of each other,
-        # H200 2026-12-02, as did a row sum of P with that column scaled by a select); raw_last
-        # + zeros is raw_last exactly, so p_last below is P's own value
-        jb = u * 128 + gl.arange(0, 128, layout=cols)
-        raw_last = gl.sum(gl.where((jb == N_KB - 1)[None, :], raw, 0.0), axis=1)
     p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),
                        -gl.broadcast((mq - 8.0)[:, None], raw)[0]))
     ls = gl.sum(p, axis=1)
-    if LAST:
+    if LAST:  # the tile of the sequence's last block: its rows are fewer (taking the block's
+        # score column before P instead, ba11c56, gave the same bits and time, H200 2026-12-02)
+        jb = u * 128 + gl.arange(0, 128, layout=cols)
         short = (64 - (S - 64 * (N_KB - 1))).to(gl.float32) * (1.0 / 64.0)
-        p_last = gl.exp2(gl.fma(raw_last, gl.full([64], qs * skc, gl.float32, raw_last.type.layout),
-                                -(mq - 8.0)))
-        ls = ls - p_last * short
+        ls = ls - gl.sum(gl.where((jb == N_KB - 1)[None, :], p, 0.0), axis=1) * short
     l_i = l_i * alpha + ls * 0.25  # 64 rows per block / 256
     return _pv_flush(p, alpha, acc, slot, args, mma, PERM_P), l_i, m_cand
 
