@@ -69,7 +69,7 @@ from workbench.recipes import AttentionRecipe, get_recipe
 
 from .config import DEFAULT, RoutingConfig
 from .e4m3 import interpreting
-from .quantize import INV_448, QK_BLOCK, _to_e4m3, padded_len
+from .quantize import QK_BLOCK, block_quant, padded_len
 
 
 
@@ -113,48 +113,27 @@ def _head_group_sums_quant(X, OUT, X8, XSCALE, base, stride_s, stride_h, n_heads
                            S_pad, n_blocks, out_head0, HEAD_D: tl.constexpr, BLOCK: tl.constexpr,
                            HG: tl.constexpr, ROWS: tl.constexpr, SCALE_RECIP: tl.constexpr,
                            HW_ROUND: tl.constexpr):
-    """``_head_group_sums`` of Q (same sub-tiles, same addition order, so the same sums) and
-    the quantizer's E4M3 block codes of the same block: per head the block's absmax gives its
-    scale, then a second walk over the block (its rows are in L2: no second DRAM read) stores
-    the codes exactly as ``quantize._quant_tokens_kernel`` does (``block_quant``'s scale and
-    rounding). Blocks past the sequence (blk >= n_blocks, up to S_pad) store zeros with scale 1
-    and no sums. X8 [B * n_heads, S_pad, HEAD_D] codes, XSCALE [B * n_heads, S_pad / BLOCK]."""
-    r = tl.arange(0, ROWS)
-    c = tl.arange(0, HG * HEAD_D)
-    hh = g * HG + c // HEAD_D
-    d = c % HEAD_D
-    c_ok = hh < n_heads
-    col = hh * stride_h + d
-    acc = tl.zeros([HG * HEAD_D], tl.float32)
-    amax_c = tl.zeros([HG * HEAD_D], tl.float32)
-    for i in tl.static_range(BLOCK // ROWS):
-        t = blk * BLOCK + i * ROWS + r
-        ok = (t < S)[:, None] & c_ok[None, :]
-        x = tl.load(X + base + t[:, None] * stride_s + col[None, :], mask=ok, other=0.0)
-        x = x.to(tl.float32)
-        acc += tl.sum(x, axis=0)
-        amax_c = tl.maximum(amax_c, tl.max(tl.abs(x), axis=0))
-    o = ((out_head0 + hh) * n_blocks + blk) * HEAD_D + d
-    tl.store(OUT + o, acc, mask=c_ok & (blk < n_blocks))
-    # one scale per head: block_quant's (amax * fl(1/448) on the GPU, an IEEE division in the
-    # interpreter, whose twin runs on the CPU; 1 for an all-zero block)
-    amax = tl.max(tl.reshape(amax_c, (HG, HEAD_D)), axis=1)
-    if SCALE_RECIP:
-        scale = tl.where(amax > 0, amax * INV_448, 1.0)
-    else:
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)),
-                         1.0)
-    heads = g * HG + tl.arange(0, HG)
-    tl.store(XSCALE + (out_head0 + heads) * (S_pad // BLOCK) + blk, scale, mask=heads < n_heads)
-    scale_c = tl.reshape(tl.broadcast_to(scale[:, None], (HG, HEAD_D)), (HG * HEAD_D,))
-    for i in tl.static_range(BLOCK // ROWS):
-        t = blk * BLOCK + i * ROWS + r
-        ok = (t < S)[:, None] & c_ok[None, :]
-        x = tl.load(X + base + t[:, None] * stride_s + col[None, :], mask=ok, other=0.0)
-        y = tl.math.div_rn(x.to(tl.float32), tl.broadcast_to(scale_c[None, :], (ROWS, HG * HEAD_D)))
-        _, x8 = _to_e4m3(y, HW_ROUND)
-        tl.store(X8 + ((out_head0 + hh)[None, :] * S_pad + t[:, None]) * HEAD_D + d[None, :], x8,
-                 mask=c_ok[None, :])
+    """``_head_group_sums`` of Q (no extremes), then the quantizer's E4M3 codes of the same
+    block, head by head as ``quantize._quant_tokens_kernel`` makes them (the whole [BLOCK,
+    HEAD_D] tile through ``block_quant``: the same scale and rounding, so the same bits); the
+    second read of the block's rows comes from L2, not DRAM. Blocks past the sequence (blk >=
+    n_blocks, up to S_pad) store zero codes with scale 1 and no sums. X8 [B * n_heads, S_pad,
+    HEAD_D] codes, XSCALE [B * n_heads, S_pad / BLOCK]. (One walk for both, the codes from
+    per-column extremes of the sums' sub-tiles, made triton give those sub-tiles the codes'
+    store layout: warps split over rows, 255 registers with spills, 12.5 ms for the pass.)"""
+    if blk < n_blocks:
+        _head_group_sums(X, OUT, OUT, OUT, base, stride_s, stride_h, n_heads, g, blk, S,
+                         n_blocks, out_head0, HEAD_D, BLOCK, HG, ROWS, False)
+    t = blk * BLOCK + tl.arange(0, BLOCK)
+    d = tl.arange(0, HEAD_D)
+    for j in range(HG):
+        h = g * HG + j
+        if h < n_heads:
+            x = tl.load(X + base + h * stride_h + t[:, None] * stride_s + d[None, :],
+                        mask=(t < S)[:, None], other=0.0).to(tl.float32)
+            x8, scale = block_quant(x, SCALE_RECIP, HW_ROUND)
+            tl.store(X8 + ((out_head0 + h) * S_pad + t[:, None]) * HEAD_D + d[None, :], x8)
+            tl.store(XSCALE + (out_head0 + h) * (S_pad // BLOCK) + blk, scale)
 
 
 @triton.jit
