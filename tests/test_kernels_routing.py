@@ -159,42 +159,6 @@ def test_block_sums_match_torch_and_are_deterministic(S, H, Hkv, D):
 
 
 @cpu_only
-@pytest.mark.parametrize("S,H,Hkv,D,cfg", [
-    (1100, 4, 2, 64, FAST),  # 18 blocks, the last partial, and 2 pad blocks up to 1280
-    (577, 12, 4, 128, RoutingConfig(block_rows=16, group_heads=8)),  # a partial head group
-])
-def test_block_sums_store_the_quantizers_q_codes(S, H, Hkv, D, cfg):
-    """quantize_q=True: the block-sum pass stores bitwise the codes and scales of the
-    quantizer's own Q pass (pad tokens zeros, scale 1), and its sums are bitwise the sums
-    without it (the same sub-tiles in the same order)."""
-    from workbench.kernels.quantize import quantize_tokens
-
-    q, k, v, _ = synthetic(S, H, Hkv, D, seed=S + H)
-    q = q * torch.linspace(0.01, 3.0, H)[None, None, :, None].to(q.dtype)  # scales per head
-    q[:, 64:128] = 0  # an all-zero block: scale 1
-    plain = routing.block_sums(q, k, v, minmax=True, config=cfg)
-    fused = routing.block_sums(q, k, v, minmax=True, quantize_q=True, config=cfg)
-    q8, q_scale = quantize_tokens(q)
-    assert plain.q_codes is None and fused.q8.shape == q8.shape
-    assert torch.equal(fused.q_scale, q_scale)
-    assert torch.equal(fused.q8.view(torch.uint8), q8.view(torch.uint8))
-    assert float(q_scale[0, 0, 1]) == 1.0 and not fused.q8[:, :, S:].float().any()
-    assert len(q_scale.unique()) > H  # the scales do differ per block and head
-    for a, b in zip((plain.qsum, plain.ksum, plain.vsum, plain.vmax, plain.vmin),
-                    (fused.qsum, fused.ksum, fused.vsum, fused.vmax, fused.vmin)):
-        assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="quantize_q"):
-        routing.block_sums(q, k, v, block=32, quantize_q=True, config=cfg)
-    from workbench.kernels.quantize import quantize_qkv
-
-    mu_k, mu_v, v_amax = fused.kv_moments()
-    with pytest.raises(ValueError, match="q_codes"):  # codes of another length: refused
-        quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=True, smooth_v=True,
-                     v_bias_correction=True, q_codes=(q8[:, :, :-64], q_scale))
-
-
-
-@cpu_only
 def test_block_sums_over_head_groups_and_batches():
     """Programs over groups of 8 heads: two query-head groups (the second partial), one K/V
     group, two batch entries, a partial last block; each block's sums, means and extremes are

@@ -260,12 +260,7 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
     B, S, H, D = q.shape
     scale = D ** -0.5
     rcfg = kernel_config.routing
-    fp8 = not dispatch.is_bf16_sparse(recipe)  # as the call: Q's codes from the block sums
-
-    def block_pass():
-        return dispatch.sparse_block_sums(q, k, v, rcfg, quantize_q=fp8)
-
-    sums = block_pass()
+    sums = dispatch.sparse_block_sums(q, k, v, rcfg)
 
     def route():  # as the call: the statistics with the routing (Sol's front: one launch)
         return dispatch.routing_given_sums(q, k, v, recipe, layout, scale, sums, rcfg)
@@ -276,7 +271,7 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
         return quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                             smooth_v=recipe.smooth_v,
                             v_bias_correction=recipe.v_bias_correction,
-                            config=kernel_config.quant, q_codes=sums.q_codes)
+                            config=kernel_config.quant)
 
     qkv = quant()
     prefix = layout.prefix_len if recipe.dense_prefix else 0
@@ -288,9 +283,9 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
                                  routing=rt, sparse=kernel_config.sparse)
 
     stages = [
-        ("block sums + V extremes" + (" + Q's E4M3 codes" if fp8 else ""), block_pass),
+        ("block sums + V extremes", lambda: dispatch.sparse_block_sums(q, k, v, rcfg)),
         ("statistics and routing (given the block sums)", route),
-        ("quantizer" + (" (K, V)" if fp8 else ""), quant),
+        ("quantizer", quant),
         ("attention launches", lambda: attend(r)),
     ]
     if r.kc is not None:

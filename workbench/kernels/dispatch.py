@@ -151,23 +151,20 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
               return_lse: bool, config: KernelConfig):
     """Statistics or routing, the quantizer and the FP8 attention of rows >= prefix:
     (out [B, S, H, D] with rows < prefix unwritten, lse or None)."""
-    route = q_codes = None
+    route = None
     if recipe.sparsity == "dense":
         st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
                       config=config.stats)
         mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
     else:
-        # the block sums read Q anyway: the same pass stores Q's E4M3 codes (an FP8 recipe's)
-        sums = sparse_block_sums(q, k, v, config.routing, quantize_q=not is_bf16_sparse(recipe))
-        mu_k, mu_v, v_amax, route = routing_given_sums(q, k, v, recipe, layout, scale, sums,
-                                                       config.routing)
-        q_codes = sums.q_codes
+        mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale,
+                                                   config.routing)
     if is_bf16_sparse(recipe):
         qkv = bf16_operands(q, k, v)
     else:
         qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                            smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
-                           config=config.quant, q_codes=q_codes)
+                           config=config.quant)
     out = torch.empty_like(q)
     return fp8_attention_fwd(qkv, num_heads=q.shape[2], scale=scale, out=out, row_start=prefix,
                              return_lse=return_lse, p_scaling=recipe.p_scaling,
@@ -184,13 +181,10 @@ def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | Non
                               sparse_block_sums(q, k, v, config), config)
 
 
-def sparse_block_sums(q, k, v, config: RoutingConfig = DEFAULT.routing, *,
-                      quantize_q: bool = False):
+def sparse_block_sums(q, k, v, config: RoutingConfig = DEFAULT.routing):
     """The first step of ``sparse_routing``: the block sums of one Q/K/V read, with V's
-    per-block extremes (what the statistics need); quantize_q: and Q's E4M3 codes
-    (``BlockSums.q_codes``, for ``quantize_qkv(q_codes=...)``)."""
-    return routing.block_sums(q, k, v, block=64, minmax=True, quantize_q=quantize_q,
-                              config=config)
+    per-block extremes (what the statistics need)."""
+    return routing.block_sums(q, k, v, block=64, minmax=True, config=config)
 
 
 def routing_given_sums(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,

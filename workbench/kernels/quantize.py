@@ -28,10 +28,6 @@ Output layouts, chosen for the attention kernel (``attention_fp8``):
 - S_pad = S rounded up to ``SEQ_PAD`` (256); pad tokens are written as exact zeros (scale 1) by the
   same kernels, so the attention kernel's main loop needs no masks on loads.
 
-A sparse call takes Q's codes from its block-sum pass instead (``routing.block_sums(
-quantize_q=True)``: the same ``block_quant`` scale and rounding on the same values, bitwise these
-codes), which reads Q anyway; ``quantize_qkv(q_codes=...)`` then quantizes K and V only.
-
 The correction needs mean_t of dequant(V') = s_v * mean_t(codes). ``_v_corr_kernel`` sums the
 stored codes of V^T (token-contiguous rows, FP8: a quarter of V's bf16 bytes) in a fixed order
 (deterministic). Summing inside the V pass instead made triton compute every V tile twice (once in
@@ -225,26 +221,9 @@ def _v_corr_kernel(
 
 
 def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
-                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant,
-                 q_codes: tuple[torch.Tensor, torch.Tensor] | None = None) -> QuantizedQKV:
-    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``.
-
-    q_codes: Q's (codes [B, H, S_pad, D] E4M3, scales [B, H, S_pad / 64]) made already (a
-    sparse call's block-sum pass, ``routing.block_sums(quantize_q=True)``, stores exactly
-    ``quantize_tokens(q)``'s): then Q is not read again."""
-    if q_codes is None:
-        q8, q_scale = quantize_tokens(q, config=config)
-    else:
-        q8, q_scale = q_codes
-        B, S, H, D = q.shape
-        s_pad = padded_len(S)
-        want = ((B, H, s_pad, D), (B, H, s_pad // QK_BLOCK))
-        got = (tuple(q8.shape), tuple(q_scale.shape))
-        if (got != want or q8.dtype != torch.float8_e4m3fn or q_scale.dtype != torch.float32
-                or q8.device != q.device or q_scale.device != q.device):
-            raise ValueError(f"quantize_qkv: q_codes of shapes {got} ({q8.dtype}, "
-                             f"{q_scale.dtype}, {q8.device}) do not fit q {tuple(q.shape)}: "
-                             f"want {want} (float8_e4m3fn, float32) on {q.device}")
+                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant) -> QuantizedQKV:
+    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``."""
+    q8, q_scale = quantize_tokens(q, config=config)
     k8, k_scale = quantize_tokens(k, mu_k if smooth_k else None, config=config)
     v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax, config=config)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)

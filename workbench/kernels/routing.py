@@ -11,10 +11,7 @@ Which part runs where:
   min; a program takes one block of a group of heads of one operand, whole channels per thread,
   so nothing is reduced across threads (a program per head and block, reducing across its
   threads: 0.505 against 0.363 ms at the H3 shape on the H200, code at b82b463). Fixed
-  summation order, no atomics: bitwise the same output run to run. An FP8 sparse call's pass
-  also stores Q's E4M3 block codes (``quantize_q``, bitwise the quantizer's): Q is not
-  smoothed, so its codes need nothing from the statistics, and the quantizer then reads only
-  K and V.
+  summation order, no atomics: bitwise the same output run to run.
 - torch (small dense parts): block means, K/V centring of the block sums, the coarse scores
   [B, H, nq, nk] (nq = nk = 510 at the H3 shape) and Sol's thresholds theta [B, H, nq] (the
   twin's own ``sol_scores``, so the decisions are the twin's given the same sums). A sparse Sol
@@ -69,7 +66,6 @@ from workbench.recipes import AttentionRecipe, get_recipe
 
 from .config import DEFAULT, RoutingConfig
 from .e4m3 import interpreting
-from .quantize import QK_BLOCK, block_quant, padded_len
 
 
 
@@ -109,47 +105,17 @@ def _head_group_sums(X, OUT, OMAX, OMIN, base, stride_s, stride_h, n_heads, g, b
 
 
 @triton.jit
-def _head_group_sums_quant(X, OUT, X8, XSCALE, base, stride_s, stride_h, n_heads, g, blk, S,
-                           S_pad, n_blocks, out_head0, HEAD_D: tl.constexpr, BLOCK: tl.constexpr,
-                           HG: tl.constexpr, ROWS: tl.constexpr, SCALE_RECIP: tl.constexpr,
-                           HW_ROUND: tl.constexpr):
-    """``_head_group_sums`` of Q (no extremes), then the quantizer's E4M3 codes of the same
-    block, head by head as ``quantize._quant_tokens_kernel`` makes them (the whole [BLOCK,
-    HEAD_D] tile through ``block_quant``: the same scale and rounding, so the same bits); the
-    second read of the block's rows comes from L2, not DRAM. Blocks past the sequence (blk >=
-    n_blocks, up to S_pad) store zero codes with scale 1 and no sums. X8 [B * n_heads, S_pad,
-    HEAD_D] codes, XSCALE [B * n_heads, S_pad / BLOCK]. (One walk for both, the codes from
-    per-column extremes of the sums' sub-tiles, made triton give those sub-tiles the codes'
-    store layout: warps split over rows, 255 registers with spills, 12.5 ms for the pass.)"""
-    if blk < n_blocks:
-        _head_group_sums(X, OUT, OUT, OUT, base, stride_s, stride_h, n_heads, g, blk, S,
-                         n_blocks, out_head0, HEAD_D, BLOCK, HG, ROWS, False)
-    t = blk * BLOCK + tl.arange(0, BLOCK)
-    d = tl.arange(0, HEAD_D)
-    for j in range(HG):
-        h = g * HG + j
-        if h < n_heads:
-            x = tl.load(X + base + h * stride_h + t[:, None] * stride_s + d[None, :],
-                        mask=(t < S)[:, None], other=0.0).to(tl.float32)
-            x8, scale = block_quant(x, SCALE_RECIP, HW_ROUND)
-            tl.store(X8 + ((out_head0 + h) * S_pad + t[:, None]) * HEAD_D + d[None, :], x8)
-            tl.store(XSCALE + (out_head0 + h) * (S_pad // BLOCK) + blk, scale)
-
-
-@triton.jit
 def _block_sums_kernel(
-    Q, K, V, QS, KS, VS, VMAX, VMIN, Q8, QSCALE,
-    S, S_pad, H, HKV, n_blocks, n_groups_q, n_groups_kv,
+    Q, K, V, QS, KS, VS, VMAX, VMIN,
+    S, H, HKV, n_blocks, n_groups_q, n_groups_kv,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, HG: tl.constexpr, ROWS: tl.constexpr,
-    MINMAX: tl.constexpr, QUANT_Q: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    HW_ROUND: tl.constexpr,
+    MINMAX: tl.constexpr,
 ):
-    """Grid (n_blocks, or S_pad / BLOCK with QUANT_Q, B * max(n_groups_q, n_groups_kv), 3):
-    program (blk, b * G + g, w) sums block blk of head group g of Q (w = 0; QUANT_Q: and
-    stores its E4M3 codes, ``_head_group_sums_quant``), K (1) or V (2, with the extremes)."""
+    """Grid (n_blocks, B * max(n_groups_q, n_groups_kv), 3): program (blk, b * G + g, w) sums
+    block blk of head group g of Q (w = 0), K (1) or V (2, with the extremes)."""
     blk = tl.program_id(0)
     bg = tl.program_id(1)
     w = tl.program_id(2)
@@ -158,22 +124,16 @@ def _block_sums_kernel(
     g = bg % n_g
     if w == 0:
         if g < n_groups_q:
-            if QUANT_Q:
-                _head_group_sums_quant(Q, QS, Q8, QSCALE, b * stride_qb, stride_qs, stride_qh,
-                                       H, g, blk, S, S_pad, n_blocks, b * H, HEAD_D, BLOCK, HG,
-                                       ROWS, SCALE_RECIP, HW_ROUND)
-            else:
-                _head_group_sums(Q, QS, QS, QS, b * stride_qb, stride_qs, stride_qh, H, g, blk,
-                                 S, n_blocks, b * H, HEAD_D, BLOCK, HG, ROWS, False)
-    elif blk < n_blocks:  # QUANT_Q's pad blocks: Q's codes only
-        if w == 1:
-            if g < n_groups_kv:
-                _head_group_sums(K, KS, KS, KS, b * stride_kb, stride_ks, stride_kh, HKV, g,
-                                 blk, S, n_blocks, b * HKV, HEAD_D, BLOCK, HG, ROWS, False)
-        else:
-            if g < n_groups_kv:
-                _head_group_sums(V, VS, VMAX, VMIN, b * stride_vb, stride_vs, stride_vh, HKV,
-                                 g, blk, S, n_blocks, b * HKV, HEAD_D, BLOCK, HG, ROWS, MINMAX)
+            _head_group_sums(Q, QS, QS, QS, b * stride_qb, stride_qs, stride_qh, H, g, blk, S,
+                             n_blocks, b * H, HEAD_D, BLOCK, HG, ROWS, False)
+    elif w == 1:
+        if g < n_groups_kv:
+            _head_group_sums(K, KS, KS, KS, b * stride_kb, stride_ks, stride_kh, HKV, g, blk,
+                             S, n_blocks, b * HKV, HEAD_D, BLOCK, HG, ROWS, False)
+    else:
+        if g < n_groups_kv:
+            _head_group_sums(V, VS, VMAX, VMIN, b * stride_vb, stride_vs, stride_vh, HKV, g,
+                             blk, S, n_blocks, b * HKV, HEAD_D, BLOCK, HG, ROWS, MINMAX)
 
 
 @dataclass(frozen=True)
@@ -193,13 +153,6 @@ class BlockSums:
     lens: torch.Tensor
     seq_len: int
     block: int
-    q8: torch.Tensor | None = None  # [B, H, S_pad, D] E4M3 codes of Q (quantize_q=True)
-    q_scale: torch.Tensor | None = None  # [B, H, S_pad / 64] float32, their block scales
-
-    @property
-    def q_codes(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(q8, q_scale) as ``quantize.quantize_tokens(q)`` returns them, or None."""
-        return None if self.q8 is None else (self.q8, self.q_scale)
 
     @property
     def qbar(self) -> torch.Tensor:
@@ -239,47 +192,29 @@ def _check_operands(q, k, v) -> tuple[int, int, int, int, int]:
 
 
 def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int = 64,
-               minmax: bool = False, quantize_q: bool = False,
-               config: RoutingConfig = DEFAULT.routing) -> BlockSums:
-    """One read of q [B, S, H, D], k / v [B, S, Hkv, D] -> ``BlockSums`` (see there).
-
-    quantize_q: the same pass also stores Q's E4M3 codes and block scales (``BlockSums.q8``,
-    ``q_scale``), bitwise what ``quantize.quantize_tokens(q)`` stores, so the quantizer need
-    not read Q again (needs block = 64, the quantizer's block)."""
+               minmax: bool = False, config: RoutingConfig = DEFAULT.routing) -> BlockSums:
+    """One read of q [B, S, H, D], k / v [B, S, Hkv, D] -> ``BlockSums`` (see there)."""
     B, S, H, Hkv, D = _check_operands(q, k, v)
     if block < 1 or block & (block - 1):
         raise ValueError(f"block: {block} is not a power of two")
-    if quantize_q and block != QK_BLOCK:
-        raise ValueError(f"block_sums(quantize_q=True): block {block}; Q's quantizer blocks are "
-                         f"{QK_BLOCK} tokens")
     rows, warps = min(config.block_rows, block), config.block_warps
     nb = triton.cdiv(S, block)
-    s_pad = padded_len(S)
     f32 = {"dtype": torch.float32, "device": q.device}
     qsum = torch.empty((B, H, nb, D), **f32)
     kv = torch.empty((4 if minmax else 2, B, Hkv, nb, D), **f32)
-    q8 = q_scale = None
-    if quantize_q:
-        q8 = torch.empty((B, H, s_pad, D), dtype=torch.float8_e4m3fn, device=q.device)
-        q_scale = torch.empty((B, H, s_pad // QK_BLOCK), **f32)
-    # without minmax the extremes' pointers are the sums' (never written: MINMAX is constexpr),
-    # without quantize_q the codes' too (QUANT_Q)
+    # without minmax the extremes' pointers are the sums' (never written: MINMAX is constexpr)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2))
     hg = config.group_heads
     gq, gkv = triton.cdiv(H, hg), triton.cdiv(Hkv, hg)
-    interp = interpreting()
-    grid0 = s_pad // block if quantize_q else nb  # with Q's codes: its pad blocks too
-    _block_sums_kernel[(grid0, B * max(gq, gkv), 3)](
-        q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1], qsum if q8 is None else q8,
-        qsum if q_scale is None else q_scale, S, s_pad, H, Hkv, nb, gq, gkv, *strides,
-        HEAD_D=D, BLOCK=block, HG=hg, ROWS=rows, MINMAX=minmax, QUANT_Q=quantize_q,
-        SCALE_RECIP=not interp, HW_ROUND=not interp, num_warps=warps,
+    _block_sums_kernel[(nb, B * max(gq, gkv), 3)](
+        q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1], S, H, Hkv, nb, gq, gkv, *strides,
+        HEAD_D=D, BLOCK=block, HG=hg, ROWS=rows, MINMAX=minmax, num_warps=warps,
     )
     lens = torch.full((nb,), float(block), **f32)
     lens[-1:].fill_(float(S - (nb - 1) * block))  # a fill, not a host copy: graph-capturable
     vmax, vmin = (kv[2], kv[3]) if minmax else (None, None)
-    return BlockSums(qsum, kv[0], kv[1], vmax, vmin, lens, S, block, q8, q_scale)
+    return BlockSums(qsum, kv[0], kv[1], vmax, vmin, lens, S, block)
 
 
 # -- Sol's routing front in one launch (RoutingConfig.sol_front="triton") ----------------------
