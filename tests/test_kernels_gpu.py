@@ -103,6 +103,40 @@ def test_quantized_operands_match_emulation_bitwise():
     torch.testing.assert_close(st.mu_v, emu.mu_v, rtol=1e-5, atol=1e-5)
 
 
+
+def test_quantizer_division_is_ieee_over_wide_ranges():
+    """The quantizer forms x / scale from one reciprocal and two FMAs (``quantize.div_exact``):
+    its codes equal those of torch's IEEE division on values of every magnitude (per block and
+    head 2^-60 .. 2^59, per value down to 2^-12 of that), K and V centred, V by channel."""
+    from workbench.kernels.config import QuantConfig
+    from workbench.kernels.quantize import quantize_tokens, quantize_v
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    B, S, H, D = 1, 8192, 8, 128
+    x = torch.randn(B, S, H, D, device="cuda", generator=g)
+    mag = torch.exp2(torch.randint(-60, 60, (B, S // 64, H, 1), device="cuda", generator=g).float())
+    x = (x.unflatten(1, (S // 64, 64)) * mag[:, :, None]).flatten(1, 2)
+    x = (x * torch.exp2(torch.randint(-12, 1, x.shape, device="cuda", generator=g).float()))
+    x = x[:, : S - 100].bfloat16()  # a partial last block
+    mu = x.float().mean(1)
+    for centre in (None, mu):
+        codes, scale = quantize_tokens(x, centre)
+        xc = x.float() - (0 if centre is None else centre[:, None])
+        blocks = torch.nn.functional.pad(xc, (0, 0, 0, 0, 0, 100)).unflatten(1, (S // 64, 64))
+        amax = blocks.abs().amax(dim=(2, 4))  # [B, S / 64, H]
+        twin_scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+        assert torch.equal(scale, twin_scale.transpose(1, 2))
+        twin = (blocks / twin_scale[:, :, None, :, None]).flatten(1, 2).to(torch.float8_e4m3fn)
+        assert torch.equal(codes.transpose(1, 2).view(torch.uint8), twin.view(torch.uint8))
+    v = x[..., :D]
+    v_amax = (v.float() - mu[:, None]).abs().amax(1)
+    v8t, v_scale = quantize_v(v, mu, v_amax, config=QuantConfig(v_perm=False))
+    twin = ((v.float() - mu[:, None]) / v_scale[:, None]).to(torch.float8_e4m3fn)
+    got = v8t[..., : S - 100].permute(0, 3, 1, 2)
+    assert torch.equal(got.view(torch.uint8), twin.view(torch.uint8))
+    assert len(v_scale.unique()) > 100  # the channel scales do differ
+
+
 def test_poisoned_output_overwritten_and_merge_bitwise():
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.kv_stats import kv_stats
