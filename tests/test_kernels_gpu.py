@@ -94,7 +94,8 @@ def test_quantized_operands_match_emulation_bitwise():
     sq = qq.q_scale.repeat_interleave(64, 2)[..., None]
     q_dq = (qq.q8.float() * sq)[:, :, :1000].transpose(1, 2)
     # Bitwise: the kernel forms the Q/K scale as torch's CUDA `amax / 448.0` does (a multiply by
-    # fl(1/448), see quantize._quant_tokens_kernel) and divides x / scale with IEEE div_rn.
+    # fl(1/448), see quantize._quant_tokens_kernel) and divides x / scale exactly
+    # (quantize.div_exact: the IEEE quotient from a reciprocal and two FMAs).
     assert torch.equal(k_dq, emu.k_dq)
     assert torch.equal(q_dq, emu.q_dq)
     v8t = qz.v8t_in_token_order(qq)
