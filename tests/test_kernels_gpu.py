@@ -95,7 +95,7 @@ def test_quantized_operands_match_emulation_bitwise():
     q_dq = (qq.q8.float() * sq)[:, :, :1000].transpose(1, 2)
     # Bitwise: the kernel forms the Q/K scale as torch's CUDA `amax / 448.0` does (a multiply by
     # fl(1/448), see quantize._quant_tokens_kernel) and divides x / scale exactly
-    # (quantize.div_exact: the IEEE quotient from a reciprocal and two FMAs).
+    # (quantize.div_exact: the IEEE quotient from a reciprocal and four FMAs).
     assert torch.equal(k_dq, emu.k_dq)
     assert torch.equal(q_dq, emu.q_dq)
     v8t = qz.v8t_in_token_order(qq)
@@ -106,9 +106,10 @@ def test_quantized_operands_match_emulation_bitwise():
 
 
 def test_quantizer_division_is_ieee_over_wide_ranges():
-    """The quantizer forms x / scale from one reciprocal and two FMAs (``quantize.div_exact``):
+    """The quantizer forms x / scale from one reciprocal and FMAs (``quantize.div_exact``):
     its codes equal those of torch's IEEE division on values of every magnitude (per block and
-    head 2^-60 .. 2^59, per value down to 2^-12 of that), K and V centred, V by channel."""
+    head 2^-60 .. 2^59 and 2^-125, per value down to 2^-12 of that), K and V centred, V by
+    channel, one V channel of scale below 2^-64."""
     from workbench.kernels.config import QuantConfig
     from workbench.kernels.quantize import quantize_tokens, quantize_v
 
@@ -116,6 +117,7 @@ def test_quantizer_division_is_ieee_over_wide_ranges():
     B, S, H, D = 1, 8192, 8, 128
     x = torch.randn(B, S, H, D, device="cuda", generator=g)
     mag = torch.exp2(torch.randint(-60, 60, (B, S // 64, H, 1), device="cuda", generator=g).float())
+    mag[:, :3] = 2.0**-125  # blocks of subnormal-range values: scales below 2^-64 (div_rn)
     x = (x.unflatten(1, (S // 64, 64)) * mag[:, :, None]).flatten(1, 2)
     x = (x * torch.exp2(torch.randint(-12, 1, x.shape, device="cuda", generator=g).float()))
     x = x[:, : S - 100].bfloat16()  # a partial last block
@@ -129,7 +131,9 @@ def test_quantizer_division_is_ieee_over_wide_ranges():
         assert torch.equal(scale, twin_scale.transpose(1, 2))
         twin = (blocks / twin_scale[:, :, None, :, None]).flatten(1, 2).to(torch.float8_e4m3fn)
         assert torch.equal(codes.transpose(1, 2).view(torch.uint8), twin.view(torch.uint8))
-    v = x[..., :D]
+    v = x.clone()
+    v[..., 5] *= 2.0**-120  # a channel whose scale is below 2^-64 (div_exact's 2^100 rescale)
+    mu = v.float().mean(1)
     v_amax = (v.float() - mu[:, None]).abs().amax(1)
     v8t, v_scale = quantize_v(v, mu, v_amax, config=QuantConfig(v_perm=False))
     twin = ((v.float() - mu[:, None]) / v_scale[:, None]).to(torch.float8_e4m3fn)

@@ -101,7 +101,7 @@ class QuantConfig:
 
     # Q / K block pass: H200, H3 shape, Q then centred K (2026-12-01, medians of 7 interleaved
     # rounds, the same codes): 0.624 / 0.434 / 0.427 / 0.556 ms at 2 / 4 / 8 / 16 warps, with
-    # div_rn; with div_exact (2026-12-02) 0.173 (Q) + 0.179 (K) ms at 8, others not re-measured
+    # div_rn; with div_exact (2026-12-02) 0.191 (Q) + 0.205 (K) ms at 8, others not re-measured
     qk_warps: int = 8
     v_rows: int = 64  # tokens per V program (one tile, transposed as the 16-bit tile)
     v_warps: int = 4

@@ -53,6 +53,8 @@ SEQ_PAD = 256
 QK_BLOCK = 64  # tokens per Q/K scale (the recipe's qk_block)
 # fl32(1/448) = what torch's CUDA `amax / 448.0` multiplies by (see block_quant)
 INV_448: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(448.0)))
+# divisors from which ``div_exact`` is used (below: div_rn; 1 / d would overflow past 2^-128)
+DIV_EXACT_MIN: tl.constexpr = tl.constexpr(2.0**-64)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ def block_quant(x, SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
     torch on the CPU divides. SCALE_RECIP = True on the GPU, False in the interpreter (whose twin
     runs on the CPU). x / scale is an IEEE division (div_rn) on both, as torch's tensor-by-tensor
     division; Triton's plain fp32 `/` would be approximate on the GPU. On the GPU (HW_ROUND) the
-    quotient is ``div_exact`` of one reciprocal per tile: the same bits, fewer instructions."""
+    quotient is ``div_exact`` of one reciprocal per tile (scale >= 2^-64): the same bits,
+    fewer instructions."""
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     if SCALE_RECIP:
         scale = tl.where(amax > 0, amax * INV_448, 1.0)
@@ -127,8 +130,11 @@ def block_quant(x, SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
         scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)),
                          1.0)
     if HW_ROUND:
-        rcp = libdevice.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
-        y = div_exact(x, tl.broadcast_to(scale, x.shape), tl.broadcast_to(rcp, x.shape))
+        if scale >= DIV_EXACT_MIN:
+            rcp = libdevice.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
+            y = div_exact(x, tl.broadcast_to(scale, x.shape), tl.broadcast_to(rcp, x.shape))
+        else:
+            y = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
     else:
         y = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
     _, q8 = _to_e4m3(y, HW_ROUND)
@@ -137,18 +143,19 @@ def block_quant(x, SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
 
 @triton.jit
 def div_exact(x, d, rcp):
-    """x / d rounded to nearest, as div_rn, given rcp = RN(1 / d) (GPU only): q0 = RN(x rcp) is
-    within an ulp of x / d, r = x - q0 d is exact by FMA, and RN(q0 + r rcp) is the correctly
-    rounded quotient (Markstein's theorem) as long as nothing overflows or underflows: here
-    |x / d| <= 448 and a quotient so small that its rounding could be off (below 2^-126) is far
-    below E4M3's smallest step (2^-9) and gives the same code. Three FP32 operations per value
-    instead of div_rn's reciprocal approximation, Newton steps and range check: the Q / K pass
-    0.206 -> 0.173 ms, the whole quantizer 0.721 -> 0.648 ms at the H3 shape (H200,
-    2026-12-02), and the same codes for all of the H3 input's Q, K and V and 700 M values of
-    random magnitudes 2^-72 .. 2^60 (BENCHMARKS.md)."""
+    """x / d rounded to nearest, bitwise div_rn's, given rcp = RN(1 / d) (GPU only; d >=
+    ``DIV_EXACT_MIN``, the callers fall back to div_rn below it). q0 = RN(x rcp) is within about
+    1.5 ulp of x / d; one correction q1 = RN(q0 + (x - q0 d) rcp) brings it within an ulp
+    (faithful), so r1 = x - q1 d is exact by FMA and RN(q1 + r1 rcp) is the correctly rounded
+    quotient (Markstein's theorem: rcp within half an ulp of 1 / d and q1 faithful). Range: the
+    quantizer's |x / d| <= 448 cannot overflow; with d >= 2^-64 a remainder could only lose
+    bits (underflow) for quotients below 2^-34, far under E4M3's smallest step (2^-9), which
+    round to the same code 0. Five FP32 operations per value instead of div_rn's reciprocal
+    approximation, Newton steps and range check with its slow-path branch (BENCHMARKS.md,
+    Quantization)."""
     q0 = libdevice.mul_rn(x, rcp)
-    r = libdevice.fma_rn(-q0, d, x)
-    return libdevice.fma_rn(r, rcp, q0)
+    q1 = libdevice.fma_rn(libdevice.fma_rn(-q0, d, x), rcp, q0)
+    return libdevice.fma_rn(libdevice.fma_rn(-q1, d, x), rcp, q1)
 
 
 @triton.jit
@@ -176,7 +183,8 @@ def _quant_v_kernel(
     transposed (2-byte granules through shared memory, not the 1-byte codes) and quantized in the
     [D, ROWS] layout of the store. No per-channel sum here: with one, triton computes the whole
     tile twice, once per layout; the correction sums the stored codes instead (_v_corr_kernel).
-    VRCP: RN(1 / scale) per channel (torch's reciprocal), for ``div_exact`` on the GPU."""
+    VRCP: RN(1 / scale) per channel (torch's reciprocal; of scale * 2^100 for a scale below
+    DIV_EXACT_MIN), for ``div_exact`` on the GPU."""
     bh, c = head_and_block_ids(HEADS_FIRST)
     b = bh // HKV
     h = bh % HKV
@@ -192,8 +200,12 @@ def _quant_v_kernel(
                  mask=(src < S)[:, None], other=0.0)
     x = tl.where(ok, tl.trans(xr).to(tl.float32) - mu[:, None], 0.0)
     if HW_ROUND:
+        # a channel scale below DIV_EXACT_MIN: numerator and divisor times 2^100 (exact), the
+        # same quotient from a divisor div_exact takes (VRCP is that divisor's reciprocal)
+        f = tl.where(s < DIV_EXACT_MIN, 2.0**100, 1.0)
         rcp = tl.load(VRCP + bh * HEAD_D + d)
-        y = div_exact(x, tl.broadcast_to(s[:, None], x.shape),
+        y = div_exact(x * tl.broadcast_to(f[:, None], x.shape),
+                      tl.broadcast_to((s * f)[:, None], x.shape),
                       tl.broadcast_to(rcp[:, None], x.shape))
     else:
         y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
@@ -333,7 +345,9 @@ def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor,
     interp = interpreting()
     v8t = torch.empty((B, Hkv, D, S_pad), dtype=torch.float8_e4m3fn, device=v.device)
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
-    v_rcp = torch.reciprocal(v_scale)  # IEEE division on CUDA: RN(1 / s), what div_exact needs
+    # RN(1 / s) (torch's CUDA reciprocal divides exactly), of s * 2^100 where s < 2^-64: what
+    # the kernel's div_exact divides by
+    v_rcp = torch.reciprocal(torch.where(v_scale < 2.0**-64, v_scale * 2.0**100, v_scale))
     n_tiles = S_pad // config.v_rows  # v_rows divides SEQ_PAD (QuantConfig checks)
     hf = config.heads_first
     _quant_v_kernel[(B * Hkv, n_tiles) if hf else (n_tiles, B * Hkv)](
