@@ -267,8 +267,9 @@ class RoutingConfig:
     head dim) sub-tiles laid out with whole channels in a thread, so the sums and V's extremes
     need no reduction across threads (sm_90 SASS: no SHFL, 128-bit loads). Measured on the H200
     at the H3 shape (2026-12-01): block sums + V extremes 0.363 ms (3.86 TB/s read) with 2 rows x
-    4 warps x 8 heads, 0.391 with 4 rows, 0.482 with 4 rows x 2 warps, 2.63 with 4 heads; whole
-    Sol calls at tau 1 10.26 / 10.29 ms with 2 / 4 rows (medians of 7 interleaved rounds). A
+    4 warps x 8 heads, 0.391 with 4 rows, 0.482 with 4 rows x 2 warps, 2.63 with 4 heads (and
+    5.15 with 2 rows x 8 warps, 2026-12-02); whole Sol calls at tau 1 10.26 / 10.29 ms with 2 /
+    4 rows (medians of 7 interleaved rounds). A
     program per head and block, reducing across its threads, took 0.478-0.505 ms at its best
     shapes (32 / 16 rows x 2 warps, two runs; calls 10.54 ms; code at b82b463).
     list_rows: list rows (b, h, i) per program of the list pass (each padded to a power of two
