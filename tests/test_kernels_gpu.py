@@ -104,14 +104,13 @@ def test_quantized_operands_match_emulation_bitwise():
     torch.testing.assert_close(st.mu_v, emu.mu_v, rtol=1e-5, atol=1e-5)
 
 
-
 def test_quantizer_division_is_ieee_over_wide_ranges():
     """The quantizer forms x / scale from one reciprocal and FMAs (``quantize.div_exact``):
     its codes equal those of torch's IEEE division on values of every magnitude (per block and
     head 2^-60 .. 2^59 and 2^-125, per value down to 2^-12 of that), K and V centred, V by
     channel, one V channel of scale below 2^-64."""
     from workbench.kernels.config import QuantConfig
-    from workbench.kernels.quantize import quantize_tokens, quantize_v
+    from workbench.kernels.quantize import DIV_EXACT_MIN, quantize_tokens, quantize_v
 
     g = torch.Generator(device="cuda").manual_seed(5)
     B, S, H, D = 1, 8192, 8, 128
@@ -129,6 +128,8 @@ def test_quantizer_division_is_ieee_over_wide_ranges():
         amax = blocks.abs().amax(dim=(2, 4))  # [B, S / 64, H]
         twin_scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
         assert torch.equal(scale, twin_scale.transpose(1, 2))
+        if centre is None:  # the tiny blocks do take the div_rn branch
+            assert float(scale.min()) < DIV_EXACT_MIN.value < float(scale.max())
         twin = (blocks / twin_scale[:, :, None, :, None]).flatten(1, 2).to(torch.float8_e4m3fn)
         assert torch.equal(codes.transpose(1, 2).view(torch.uint8), twin.view(torch.uint8))
     v = x.clone()
@@ -140,6 +141,7 @@ def test_quantizer_division_is_ieee_over_wide_ranges():
     got = v8t[..., : S - 100].permute(0, 3, 1, 2)
     assert torch.equal(got.view(torch.uint8), twin.view(torch.uint8))
     assert len(v_scale.unique()) > 100  # the channel scales do differ
+    assert float(v_scale.min()) < DIV_EXACT_MIN.value  # the rescaled channel is there
 
 
 def test_poisoned_output_overwritten_and_merge_bitwise():

@@ -53,8 +53,10 @@ SEQ_PAD = 256
 QK_BLOCK = 64  # tokens per Q/K scale (the recipe's qk_block)
 # fl32(1/448) = what torch's CUDA `amax / 448.0` multiplies by (see block_quant)
 INV_448: tl.constexpr = tl.constexpr(float(np.float32(1.0) / np.float32(448.0)))
-# divisors from which ``div_exact`` is used (below: div_rn; 1 / d would overflow past 2^-128)
+# divisors from which ``div_exact`` is used (1 / d would overflow past 2^-128); below it Q/K
+# tiles divide with div_rn, V channels scale numerator and divisor by DIV_RESCALE (exact)
 DIV_EXACT_MIN: tl.constexpr = tl.constexpr(2.0**-64)
+DIV_RESCALE: tl.constexpr = tl.constexpr(2.0**100)
 
 
 @dataclass(frozen=True)
@@ -183,8 +185,8 @@ def _quant_v_kernel(
     transposed (2-byte granules through shared memory, not the 1-byte codes) and quantized in the
     [D, ROWS] layout of the store. No per-channel sum here: with one, triton computes the whole
     tile twice, once per layout; the correction sums the stored codes instead (_v_corr_kernel).
-    VRCP: RN(1 / scale) per channel (torch's reciprocal; of scale * 2^100 for a scale below
-    DIV_EXACT_MIN), for ``div_exact`` on the GPU."""
+    VRCP: RN(1 / scale) per channel (torch's reciprocal; of scale * DIV_RESCALE for a scale
+    below DIV_EXACT_MIN), for ``div_exact`` on the GPU."""
     bh, c = head_and_block_ids(HEADS_FIRST)
     b = bh // HKV
     h = bh % HKV
@@ -200,9 +202,9 @@ def _quant_v_kernel(
                  mask=(src < S)[:, None], other=0.0)
     x = tl.where(ok, tl.trans(xr).to(tl.float32) - mu[:, None], 0.0)
     if HW_ROUND:
-        # a channel scale below DIV_EXACT_MIN: numerator and divisor times 2^100 (exact), the
-        # same quotient from a divisor div_exact takes (VRCP is that divisor's reciprocal)
-        f = tl.where(s < DIV_EXACT_MIN, 2.0**100, 1.0)
+        # a channel scale below DIV_EXACT_MIN: numerator and divisor times DIV_RESCALE (exact),
+        # the same quotient from a divisor div_exact takes (VRCP is that divisor's reciprocal)
+        f = tl.where(s < DIV_EXACT_MIN, DIV_RESCALE, 1.0)
         rcp = tl.load(VRCP + bh * HEAD_D + d)
         y = div_exact(x * tl.broadcast_to(f[:, None], x.shape),
                       tl.broadcast_to((s * f)[:, None], x.shape),
@@ -345,9 +347,10 @@ def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor,
     interp = interpreting()
     v8t = torch.empty((B, Hkv, D, S_pad), dtype=torch.float8_e4m3fn, device=v.device)
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
-    # RN(1 / s) (torch's CUDA reciprocal divides exactly), of s * 2^100 where s < 2^-64: what
-    # the kernel's div_exact divides by
-    v_rcp = torch.reciprocal(torch.where(v_scale < 2.0**-64, v_scale * 2.0**100, v_scale))
+    # RN(1 / s) (torch's CUDA reciprocal divides exactly), of s * DIV_RESCALE where s <
+    # DIV_EXACT_MIN: what the kernel's div_exact divides by
+    small = v_scale < DIV_EXACT_MIN.value
+    v_rcp = torch.reciprocal(torch.where(small, v_scale * DIV_RESCALE.value, v_scale))
     n_tiles = S_pad // config.v_rows  # v_rows divides SEQ_PAD (QuantConfig checks)
     hf = config.heads_first
     _quant_v_kernel[(B * Hkv, n_tiles) if hf else (n_tiles, B * Hkv)](
