@@ -167,6 +167,7 @@ def compile_ws_lists(overrides: dict, ints: dict):
                   f"tensordesc<fp8e4nv[128, 64],{lv!r}>", "*fp32", "*u8"]
     else:
         types += ["constexpr"] * 4
+    types += ["fp32"]  # LAST_LOG2
     cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=merge, SUM_TILES=tiles)
     kernel = _compile_gluon(ws, types, cst, ints)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)

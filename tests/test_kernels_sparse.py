@@ -249,10 +249,15 @@ def test_summary_tiles_round_the_route_operands_as_documented():
     """The E4M3 operands of Sol's summary route as tiles of the list kernel (``summary_tiles``,
     host side): kc8 * skc and vc8 * 256 s_v decode to the routing's FP32 block means and sums
     within E4M3's rounding (half a step: 1/16 of the value, or the subnormal step), skc puts
-    each head's largest |kc| at 448, vc's codes stay within 64 x 448 / 256 = 112, nothing past
-    the key blocks, and V^T's columns are in P's register order (``quantize.v_token_order``);
-    the kernel (one launch) gives its torch twin's values."""
-    from workbench.kernels.attention_fp8_ws_lists import summary_tiles, summary_tiles_torch
+    each head's largest |kc| at 448, vc's codes stay within 64 x 448 / 256 = 112, the short
+    last block's sum (40 of 64 rows) stored times 64 / 40, nothing past the key blocks, and V^T's
+    columns are in P's register order (``quantize.v_token_order``); the kernel (one launch)
+    gives its torch twin's values."""
+    from workbench.kernels.attention_fp8_ws_lists import (
+        last_block_rows,
+        summary_tiles,
+        summary_tiles_torch,
+    )
     from workbench.kernels.quantize import v_token_order
 
     q, k, v, layout = synthetic(1000, 2, 1, 128, seed=5)
@@ -272,8 +277,13 @@ def test_summary_tiles_round_the_route_operands_as_documented():
     assert qkv.v_perm and 0 < float(codes.abs().max()) <= 112
     assert float(codes[..., nk:].abs().max()) == 0
     step = 256 * qkv.v_scale[:, :, None, :]
+    assert last_block_rows(1000) == 40 and last_block_rows(1024) == 64
     vc = codes[..., :nk].transpose(-1, -2) * step
+    vc[:, :, -1] *= 40 / 64
     assert bool(((vc - route.vc).abs() <= route.vc.abs() / 16 + step * 2**-9).all())
+    # the last block's codes are its sum's times 64 / 40, not its sum's
+    plain = (route.vc[:, :, -1] / step[:, :, 0]).abs()
+    assert float(codes[..., nk - 1].abs().amax() / plain.amax()) > 1.4
     # the kernel's operands are its torch twin's values (a zero's sign may differ: the
     # interpreter's explicit rounding gives +0 where torch's cast keeps -0)
     twin = summary_tiles_torch(qkv, route)
@@ -439,6 +449,45 @@ def test_gpu_summary_tiles_skip_prefix_blocks_and_keep_the_lse():
     print(f"GPU summary tiles: {int((full != skipped).sum())} differ without the LSE; LSE max "
           f"|diff| vs the pass {diff:.2e}")
     assert torch.equal(full, skipped) and lse.isfinite().all() and 0 < diff < 0.02
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_summary_tiles_weigh_the_short_last_block():
+    """The sequence's last key block holds 15 of 64 rows (S = 4111): in the E4M3 summary tiles
+    its weight carries 15 / 64 through its score bias and its vc8 column is its sum times
+    64 / 15. Its values are shifted by 8 so that it matters: on the rows whose query block
+    takes it through the summary route the shift moves the output by ~2.6% (emulation, CPU),
+    and a weight off by 64 / 15 would put the tiles ~3x that away from the summary pass (FP32
+    route). Asserted: the tiles within 0.4x the shift's effect of the pass, and within 1.25x
+    the emulation's error against float64 on those rows."""
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=11, prefix=(14, 100), device="cuda")
+    name = "fp8_sol_kv_corrected"
+    _, route = operands(q, k, v, get_recipe(name), layout)
+    shifted = v.clone()
+    shifted[:, 4096:] += 8.0
+    rows = evenly_spaced_rows(4111, 256).cuda()
+    summ = ~route.exact[0, :, rows // 64, -1]  # [H, rows]: the last block by the summary route
+    sel = summ.T[None, :, :, None].expand(1, rows.numel(), 4, 128)
+    tiles = DEFAULT.with_sparse(summary_kernel="fp8_tiles", kv_splits=1)
+    pass_cfg = DEFAULT.with_sparse(summary_kernel="gluon", kv_splits=1)
+    a = dispatch.fp8_recipe_attention(q, k, shifted, name, layout=layout, config=tiles)[:, rows]
+    b = dispatch.fp8_recipe_attention(q, k, shifted, name, layout=layout,
+                                      config=pass_cfg)[:, rows]
+    b0 = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=pass_cfg)[:, rows]
+    ref, _ = dense_attention_f64(q, k, shifted, query_index=rows)
+    emu = recipe_attention(q, k, shifted, name, query_index=rows, layout=layout).out
+
+    def rel(x, y):
+        return float((x.double() - y.double())[sel].norm() / y.double()[sel].norm())
+
+    d_tiles, effect = rel(a, b), rel(b0, b)
+    e_k, e_e = rel(a, ref), rel(emu, ref)
+    print(f"GPU summary tiles, short last block: {int(summ.sum())} of {summ.numel()} (head, row) "
+          f"by the route; tiles vs pass {d_tiles:.3e}, the shift's effect {effect:.3e}; vs f64 "
+          f"kernel {e_k:.4e} emulation {e_e:.4e}")
+    assert summ.float().mean() > 0.5 and effect > 0.01, effect
+    assert d_tiles < 0.4 * effect and e_k <= 1.25 * e_e, (d_tiles, effect, e_k, e_e)
 
 
 @pytest.mark.gpu

@@ -32,11 +32,13 @@ of the head in tiles of 128 (``summary_tiles``: the block means kc / skc, one sc
 the K boxes; the block sums vc / (256 s_v) as the V^T boxes, so P = 2^(s - m + 8) in E4M3 keeps
 the weights out of E4M3's subnormals), a consumer's exact blocks masked by a score bias of -inf
 that the producer writes into shared memory from ``routing.exact``; the row sum adds each
-weight times its block's rows in FP32. Where this kernel does not run, or with a scaled P, the
-route is its own pass (``summary_gluon`` or the Triton kernel's), whose state this kernel
-merges (``INIT_SUMMARY``). The twin's route is FP32; E4M3 operands moved the H3 anchor's error
-against float64 from 6.493e-3 (the BF16 pass) to 6.499e-3 (twin 6.501e-3), and on the CPU twin
-the weights without the 2^8 factor gave 6.860e-3 (BENCHMARKS.md). A BF16 route inside the
+weight times 64 rows in FP32 (the sequence's last block of n rows: its weight carries n / 64
+through its score bias and its vc8 column is its sum times 64 / n, so no tile is special).
+Where this kernel does not run, or with a scaled P, the route is its own pass
+(``summary_gluon`` or the Triton kernel's), whose state this kernel merges (``INIT_SUMMARY``).
+The twin's route is FP32; E4M3 operands moved the H3 anchor's error against float64 from
+6.493e-3 (the BF16 pass) to 6.499e-3 (twin 6.501e-3), and on the CPU twin the weights without
+the 2^8 factor gave 6.860e-3 (BENCHMARKS.md). A BF16 route inside the
 consumers (commit 1e33a5d: Q in BF16 and gathered kc / vc chunks in the ring) measured slower
 than its own pass.
 
@@ -51,6 +53,7 @@ permutation of its query blocks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -133,12 +136,14 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
 
 @gluon.jit
 def _produce_sum(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, ready,
-                 empty, kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, exrow):
+                 empty, kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, exrow,
+                 last_bias):
     """``_produce`` with Sol's summary tiles (``SUM_TILES``): running tile i of consumer c is
     its exact tile i (blocks in `pair`) for i < n_all, then summary tile i - n_all: the kc8
-    rows and vc8^T columns of 128 key blocks, and the tile's score bias (0, or -inf for a block
-    of the consumer's exact list and past the sequence: its flags in ``routing.exact``, row
-    `exrow`) stored into shared memory before the arrive that completes the slot."""
+    rows and vc8^T columns of 128 key blocks, and the tile's score bias (-inf for a block of
+    the consumer's exact list and past the sequence: its flags in ``routing.exact``, row
+    `exrow`; `last_bias` for the sequence's last block, ``_last_bias``; else 0) stored into
+    shared memory before the arrive that completes the slot."""
     STAGES: gl.constexpr = ready.shape[0] // 3
     lst, cnt, n_all, n_full, runs, _ = lists[c]
     tot = gl.where(runs, n_sum + n_all, 0)
@@ -153,7 +158,8 @@ def _produce_sum(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem
             bl: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
             jb = u * 128 + gl.arange(0, 128, layout=bl)
             ex = gl.load(exrow + jb, mask=jb < N_KB, other=1)
-            bias_smem.index(slot).store(gl.where(ex != 0, float("-inf"), 0.0))
+            bias = gl.where(jb == N_KB - 1, last_bias, 0.0)
+            bias_smem.index(slot).store(gl.where(ex != 0, float("-inf"), bias))
             mbarrier.expect(rb, nbytes)
             _load_slot(ks_desc, vs_desc, (ksbase + u * 128, ksbase + u * 128 + 64),
                        (u * 128, u * 128 + 64), vbase, rb, k_smem, v_smem, slot)
@@ -193,6 +199,21 @@ def _row_list(c: gl.constexpr, args, WRITE_LSE: gl.constexpr):
 
 
 @gluon.jit
+def _last_bias(c: gl.constexpr, args):
+    """The score bias of the sequence's last key block in consumer c's summary tiles, in the
+    units of the raw E4M3 products: log2(n / 64) / (qs skc) for its n rows (``LAST_LOG2`` =
+    log2(n / 64), 0 for a full block), so that its weight 2^(s - m + 8) carries the factor
+    n / 64 and the row sum's 64 rows per block count n for it (``summary_tiles`` stores that
+    block's sum times 64 / n, its numerator unchanged). qs skc is clamped at 2^-120 (1 / that
+    stays finite): below it every score of the tile is under 2^-95 in magnitude, and the block
+    weighs between n / 64 and 1 of a full block instead of n / 64."""
+    SQ, bh, n_scale, qk_scale_log2, bhk = args[9], args[18], args[17], args[23], args[19]
+    SKC, LAST_LOG2 = args[41], args[44]
+    qs = gl.load(SQ + bh * n_scale + _query_block(c, args)) * qk_scale_log2
+    return LAST_LOG2 / gl.maximum(qs * gl.load(SKC + bhk), 2.0**-120)
+
+
+@gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
               SUM_TILES: gl.constexpr):
@@ -227,13 +248,19 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
         x0 = EXACT + (bh * N_QB + lists[0][5]).to(gl.int64) * N_KB
         x1 = EXACT + (bh * N_QB + lists[1][5]).to(gl.int64) * N_KB
         x2 = EXACT + (bh * N_QB + lists[2][5]).to(gl.int64) * N_KB
+        b0 = _last_bias(0, args)
+        b1 = _last_bias(1, args)
+        b2 = _last_bias(2, args)
         for i in range(gl.maximum(t0, gl.maximum(t1, t2))):
             p0 = _produce_sum(0, i, p0, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
-                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x0)
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x0,
+                              b0)
             p1 = _produce_sum(1, i, p1, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
-                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x1)
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x1,
+                              b1)
             p2 = _produce_sum(2, i, p2, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
-                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x2)
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x2,
+                              b2)
     else:
         for i in range(gl.maximum(lists[0][2], gl.maximum(lists[1][2], lists[2][2]))):
             p0 = _produce(0, i, p0, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
@@ -315,13 +342,16 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
 
 @gluon.jit
 def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.constexpr,
-              PERM_P: gl.constexpr, LAST: gl.constexpr):
+              PERM_P: gl.constexpr):
     """Summary tile u (running tile t) of consumer c: key blocks 128 u .. 128 u + 127 by their
     E4M3 mean keys kc8 (one scale skc per head) and value sums vc8 = vc / (256 s_v); the
-    producer put the tile's score bias in shared memory (0, or -inf for an exact block and past
-    the sequence). P = 2^(s - m + 8) = 256 w in E4M3 for the product with vc8; the row sum
-    adds w times the block's rows (64; the sequence's last block fewer) in FP32."""
-    S, N_KB, bias_smem = args[15], args[31], args[43]
+    producer put the tile's score bias in shared memory (-inf for an exact block and past the
+    sequence, log2(n / 64) / (qs skc) for the sequence's last block of n rows, else 0). P =
+    2^(s - m + 8) = 256 w in E4M3 for the product with vc8; the row sum adds w times 64 rows
+    per block in FP32 (the last block's n / 64 is in its w, its vc8 holds its sum times 64 / n:
+    no tile of the loop is special; a peeled last tile that scaled its block's share of the row
+    sum took ~2,400 more cycles per consumer, H200 2026-12-02)."""
+    bias_smem = args[43]
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     raw, slot = _qk_scores(t, q, c, args, mma)
     # read after the product's wait: read while it ran, the bias kept 32 more registers live,
@@ -332,11 +362,6 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),
                        -gl.broadcast((mq - 8.0)[:, None], raw)[0]))
     ls = gl.sum(p, axis=1)
-    if LAST:  # the tile of the sequence's last block: its rows are fewer (taking the block's
-        # score column before P instead, ba11c56, gave the same bits and time, H200 2026-12-02)
-        jb = u * 128 + gl.arange(0, 128, layout=cols)
-        short = (64 - (S - 64 * (N_KB - 1))).to(gl.float32) * (1.0 / 64.0)
-        ls = ls - gl.sum(gl.where((jb == N_KB - 1)[None, :], p, 0.0), axis=1) * short
     l_i = l_i * alpha + ls * 0.25  # 64 rows per block / 256
     return _pv_flush(p, alpha, acc, slot, args, mma, PERM_P), l_i, m_cand
 
@@ -382,11 +407,9 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         if SUM_TILES:  # Sol's summary tiles after the exact ones (m_i is finite by then)
             n_sum = gl.cdiv(args[31], 128)
             skc = gl.load(args[41] + args[19])
-            for u in range(n_sum - 1):
+            for u in range(n_sum):
                 acc, l_i, m_i = _sum_tile(u, n_all + u, acc, l_i, m_i, q, qs, skc, c, args, mma,
-                                          PERM_P, False)
-            acc, l_i, m_i = _sum_tile(n_sum - 1, n_all + n_sum - 1, acc, l_i, m_i, q, qs, skc,
-                                      c, args, mma, PERM_P, True)
+                                          PERM_P)
         r0 = qb * 64
         if INIT_SUMMARY:
             # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
@@ -414,7 +437,7 @@ def _fp8_attn_ws_lists_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
     BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML, ORDER, ORDER_STRIDE, HEAVY,
-    ks_desc, vs_desc, SKC, EXACT,
+    ks_desc, vs_desc, SKC, EXACT, LAST_LOG2,
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
     INIT_SUMMARY: gl.constexpr, SUM_TILES: gl.constexpr = False,
@@ -460,14 +483,15 @@ def _fp8_attn_ws_lists_kernel(
     # the dense kernel's 28 arguments first (its epilogue helper reads them), then the lists':
     # 28 BLOCKS, 29 COUNTS, 30 N_QB, 31 N_KB, 32 the K scales' offset, 33 N_BH, 34 SUM_O,
     # 35 SUM_ML, 36 the CTA's first ORDER entry, 37 ORDER, 38 ORDER_STRIDE; Sol's summary
-    # tiles: 39 / 40 the kc8 / vc8^T descriptors, 41 SKC, 42 EXACT, 43 the bias slots
+    # tiles: 39 / 40 the kc8 / vc8^T descriptors, 41 SKC, 42 EXACT, 43 the bias slots,
+    # 44 LAST_LOG2 (``_last_bias``)
     args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
             stride_ob, stride_os, stride_oh, row_start,
             BLOCKS, COUNTS, N_QB, N_KB, bhk * n_scale, N_BH, SUM_O, SUM_ML, pid_q0, ORDER,
             ORDER_STRIDE)
     if SUM_TILES:
-        args = args + (ks_desc, vs_desc, SKC, EXACT, bias_smem)
+        args = args + (ks_desc, vs_desc, SKC, EXACT, bias_smem, LAST_LOG2)
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
     gl.warp_specialize([
         (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
@@ -501,12 +525,19 @@ class SummaryTiles:
 
     kc8 [B, Hkv, nk_pad, D]: kc / skc, skc [B * Hkv] = max |kc| / 448 (one scale per head);
     vc8t [B, Hkv, D, nk_pad]: (vc / (256 s_v))^T, V's channel scales s_v (|vc| <= 64 x 448 s_v,
-    so the codes stay below 112), its columns in P's register order when ``qkv.v_perm``;
-    nk_pad = the key blocks rounded up to 128 (zeros past them)."""
+    so the codes stay below 112), the sequence's last block's sum times 64 / n for its n rows
+    (64 times its mean, as every other block: its n / 64 rides in its score bias, the kernel's
+    ``_last_bias``), its columns in P's register order when ``qkv.v_perm``; nk_pad = the key
+    blocks rounded up to 128 (zeros past them)."""
 
     kc8: torch.Tensor
     vc8t: torch.Tensor
     skc: torch.Tensor
+
+
+def last_block_rows(seq_len: int) -> int:
+    """Rows of the sequence's last 64-key block (1 .. 64)."""
+    return seq_len - 64 * ((seq_len - 1) // 64)
 
 
 def summary_tiles(qkv, routing) -> SummaryTiles:
@@ -524,7 +555,8 @@ def summary_tiles(qkv, routing) -> SummaryTiles:
     interp = interpreting()
     _summary_operands_kernel[(B * Hkv,)](
         routing.kc.contiguous(), routing.vc.contiguous(), qkv.v_scale.contiguous(), kc8, vc8t,
-        skc, nk, nk_pad, HEAD_D=D, ROWS=32, PERM=bool(qkv.v_perm), SCALE_RECIP=not interp,
+        skc, nk, nk_pad, 64.0 / last_block_rows(qkv.seq_len), HEAD_D=D, ROWS=32,
+        PERM=bool(qkv.v_perm), SCALE_RECIP=not interp,
         HW_ROUND=not interp, num_warps=4,
     )
     return SummaryTiles(kc8, vc8t, skc)
@@ -539,20 +571,23 @@ def summary_tiles_torch(qkv, routing) -> SummaryTiles:
     skc = (routing.kc.abs().amax(dim=(-2, -1)) / 448.0).clamp_min(1e-30)
     kc8 = torch.zeros((B, Hkv, nk_pad, D), dtype=f8, device=dev)
     kc8[:, :, :nk] = (routing.kc / skc[..., None, None]).to(f8)
+    vc = routing.vc.clone()
+    vc[:, :, nk - 1] *= 64.0 / last_block_rows(qkv.seq_len)  # in FP32, as the kernel
     vc8t = torch.zeros((B, Hkv, D, nk_pad), dtype=f8, device=dev)
-    vc8t[..., :nk] = (routing.vc / (256.0 * qkv.v_scale[:, :, None, :])).transpose(-1, -2).to(f8)
+    vc8t[..., :nk] = (vc / (256.0 * qkv.v_scale[:, :, None, :])).transpose(-1, -2).to(f8)
     if qkv.v_perm:
         vc8t = vc8t[..., v_token_order(nk_pad, True).to(dev)].contiguous()
     return SummaryTiles(kc8, vc8t, skc.reshape(-1).contiguous())
 
 
 @triton.jit
-def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD,
+def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD, LAST_SCALE,
                              HEAD_D: tl.constexpr, ROWS: tl.constexpr, PERM: tl.constexpr,
                              SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
     """Program bh = one (batch, kv head): skc = max(max |kc| / 448, 1e-30), then per ROWS key
-    blocks kc8 = E4M3(kc / skc) and vc8^T's columns E4M3(vc / (256 s_v)), column j holding block
-    ``_v_src_token(j, PERM)``, zeros past NK. KC, VC [B * Hkv, NK, D] FP32; VS [B * Hkv, D];
+    blocks kc8 = E4M3(kc / skc) and vc8^T's columns E4M3(vc / (256 s_v)) (the last block's vc
+    times LAST_SCALE = 64 / its rows first), column j holding block ``_v_src_token(j, PERM)``,
+    zeros past NK. KC, VC [B * Hkv, NK, D] FP32; VS [B * Hkv, D];
     KC8 [B * Hkv, NK_PAD, D], VC8T [B * Hkv, D, NK_PAD] E4M3; SKC [B * Hkv] FP32. The divisions
     round as torch's do on the same device (``quantize.block_quant`` says how)."""
     bh = tl.program_id(0)
@@ -584,6 +619,7 @@ def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD,
         src = _v_src_token(j, PERM)
         y = tl.load(VC + (bh * NK + src)[:, None] * HEAD_D + d[None, :],
                     mask=(src < NK)[:, None], other=0.0)
+        y = tl.where((src == NK - 1)[:, None], y * LAST_SCALE, y)
         _, v8 = _to_e4m3(tl.math.div_rn(y, tl.broadcast_to(sv[None, :], y.shape)), HW_ROUND)
         tl.store(VC8T + (bh * HEAD_D + d[None, :]) * NK_PAD + j[:, None], v8)
         r0 += ROWS
@@ -604,7 +640,7 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
     order = query_order(routing.counts, grouping)
     qd, kd, vd = descriptors(qkv, block_n=64)  # one 64-token box per key block
     grid = (triton.cdiv(nq, CONSUMERS), B * H)
-    tiles = (None,) * 4
+    tiles = (None,) * 4 + (0.0,)
     if summary is not None:
         if p_log2_scale != 0.0 or sum_o is not None:
             raise ValueError("summary tiles: unit P scaling only, and no summary-pass state")
@@ -614,7 +650,8 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
                                           gl.NVMMASharedLayout.get_default_for([64, D], f8))
         vs = TensorDescriptor.from_tensor(summary.vc8t.view(-1, nk_pad), [D, 64],
                                           gl.NVMMASharedLayout.get_default_for([D, 64], f8))
-        tiles = (ks, vs, summary.skc, routing.exact.contiguous().view(torch.uint8))
+        tiles = (ks, vs, summary.skc, routing.exact.contiguous().view(torch.uint8),
+                 math.log2(last_block_rows(qkv.seq_len) / 64))
     _fp8_attn_ws_lists_kernel[grid](
         qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,
