@@ -104,7 +104,8 @@ def test_list_kernel_with_summary_tiles_compiles_without_loop_spills():
     within one SM's shared memory. With GROUP = 1 made a constant (the launch's specialization
     before the kernel said ``do_not_specialize``) consumers 1 and 2 spilled 20 times per exact
     tile and 18 per summary tile, and the kernel ran 4-6% slower on the H200. Not asserted: the
-    producer's round spills at the launch (18 per round at 24 registers), and forms whose rounds
+    producer's round (18 spills per round at 24 registers while the last summary tile was peeled,
+    none since), and forms whose rounds
     spilled more (a leaner round: 11 and 104 per round; a 32-register producer: 6, and consumer
     0 then 12 per tile) measured as fast on the H200 (2026-12-02). No summary tile is peeled
     (the short last block rides in its score bias and vc8 column): 72 QGMMA in the kernel

@@ -528,11 +528,13 @@ class SummaryTiles:
     so the codes stay below 112), the sequence's last block's sum times 64 / n for its n rows
     (64 times its mean, as every other block: its n / 64 rides in its score bias, the kernel's
     ``_last_bias``), its columns in P's register order when ``qkv.v_perm``; nk_pad = the key
-    blocks rounded up to 128 (zeros past them)."""
+    blocks rounded up to 128 (zeros past them); last_log2 = log2(n / 64), the kernel's bias
+    factor for that block (held here beside the vc8 column it matches)."""
 
     kc8: torch.Tensor
     vc8t: torch.Tensor
     skc: torch.Tensor
+    last_log2: float
 
 
 def last_block_rows(seq_len: int) -> int:
@@ -552,14 +554,14 @@ def summary_tiles(qkv, routing) -> SummaryTiles:
     kc8 = torch.empty((B, Hkv, nk_pad, D), dtype=f8, device=dev)
     vc8t = torch.empty((B, Hkv, D, nk_pad), dtype=f8, device=dev)
     skc = torch.empty((B * Hkv,), dtype=torch.float32, device=dev)
+    n_last = last_block_rows(qkv.seq_len)
     interp = interpreting()
     _summary_operands_kernel[(B * Hkv,)](
         routing.kc.contiguous(), routing.vc.contiguous(), qkv.v_scale.contiguous(), kc8, vc8t,
-        skc, nk, nk_pad, 64.0 / last_block_rows(qkv.seq_len), HEAD_D=D, ROWS=32,
-        PERM=bool(qkv.v_perm), SCALE_RECIP=not interp,
-        HW_ROUND=not interp, num_warps=4,
+        skc, nk, nk_pad, 64.0 / n_last, HEAD_D=D, ROWS=32, PERM=bool(qkv.v_perm),
+        SCALE_RECIP=not interp, HW_ROUND=not interp, num_warps=4,
     )
-    return SummaryTiles(kc8, vc8t, skc)
+    return SummaryTiles(kc8, vc8t, skc, math.log2(n_last / 64))
 
 
 def summary_tiles_torch(qkv, routing) -> SummaryTiles:
@@ -571,13 +573,14 @@ def summary_tiles_torch(qkv, routing) -> SummaryTiles:
     skc = (routing.kc.abs().amax(dim=(-2, -1)) / 448.0).clamp_min(1e-30)
     kc8 = torch.zeros((B, Hkv, nk_pad, D), dtype=f8, device=dev)
     kc8[:, :, :nk] = (routing.kc / skc[..., None, None]).to(f8)
+    n_last = last_block_rows(qkv.seq_len)
     vc = routing.vc.clone()
-    vc[:, :, nk - 1] *= 64.0 / last_block_rows(qkv.seq_len)  # in FP32, as the kernel
+    vc[:, :, nk - 1] *= 64.0 / n_last  # in FP32, as the kernel
     vc8t = torch.zeros((B, Hkv, D, nk_pad), dtype=f8, device=dev)
     vc8t[..., :nk] = (vc / (256.0 * qkv.v_scale[:, :, None, :])).transpose(-1, -2).to(f8)
     if qkv.v_perm:
         vc8t = vc8t[..., v_token_order(nk_pad, True).to(dev)].contiguous()
-    return SummaryTiles(kc8, vc8t, skc.reshape(-1).contiguous())
+    return SummaryTiles(kc8, vc8t, skc.reshape(-1).contiguous(), math.log2(n_last / 64))
 
 
 @triton.jit
@@ -651,7 +654,7 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
         vs = TensorDescriptor.from_tensor(summary.vc8t.view(-1, nk_pad), [D, 64],
                                           gl.NVMMASharedLayout.get_default_for([D, 64], f8))
         tiles = (ks, vs, summary.skc, routing.exact.contiguous().view(torch.uint8),
-                 math.log2(last_block_rows(qkv.seq_len) / 64))
+                 summary.last_log2)
     _fp8_attn_ws_lists_kernel[grid](
         qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,
