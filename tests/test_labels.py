@@ -160,7 +160,7 @@ def test_evaluate_defaults_to_tokens_segment_and_unknown_rotation():
 def test_describe_shows_p_scaling_out_format_and_accumulation():
     d = get_recipe("fp8_dense:p_scaling=rowmax448,out_format=exact,accumulation=reduced").describe()
     assert "P fp8_e4m3 scaling rowmax448" in d and "out exact" in d
-    assert "accum reduced 13b flush 128 keys" in d
+    assert "accum reduced 13b truncate flush 128 keys" in d
     assert "out bf16" in PRESETS["bf16"].describe() and "scaling" not in PRESETS["bf16"].describe()
     assert "QK fp8_e4m3/block32" in get_recipe("fp8_dense:qk_block=32").describe()
 

@@ -97,3 +97,59 @@ def test_reduced_mantissa():
     x = torch.tensor([1 + 2**-10, 1 + 2**-3, 3.0])
     assert torch.equal(round_to_mantissa(x, 8), torch.tensor([1.0, 1 + 2**-3, 3.0]))
     assert torch.equal(round_to_mantissa(x, 23), x)
+
+
+# Row sums of E4M3 values on the H200's FP8 tensor cores (A [64, K] @ ones; Triton's tl.dot with
+# max_num_imprecise_acc = K and cuBLAS's fast accumulation gave the same bits;
+# scripts/gpu_accumulator_probe.py, 2026-12-02): (K, large value, its position, the other
+# entries' value c, measured sum). The float64 sums differ wherever c falls under the unit of
+# the largest term's 13th bit.
+H200_FP8_SUMS = [
+    (32, 128.0, 31, 3 * 2.0**-8, 128.0),  # exact 128.363: every c dropped
+    (32, 128.0, 31, 2.0**-6, 128.484375),  # c = the unit: kept
+    (32, 16.0, 0, 2.0**-9, 16.060546875),  # unit 2^-9: exact
+    (64, 128.0, 0, 2.0**-7, 128.0),  # the accumulator (128) drops the next step's c
+    (64, 128.0, 63, 2.0**-9, 128.0625),  # first step's 32 c kept, second step's 31 dropped
+    (64, 128.0, 63, 3 * 2.0**-8, 128.375),
+    (128, 128.0, 127, 2.0**-8, 128.375),
+    (128, 128.0, 127, 3 * 2.0**-8, 129.125),
+    (128, 128.0, 0, 2.0**-6, 129.984375),
+    (128, 0.0, None, 2.0**-9, 0.25),
+]
+
+
+@pytest.mark.parametrize("K,big,at,c,measured", H200_FP8_SUMS)
+def test_mma_step_truncating_reproduces_the_h200_sums(K, big, at, c, measured):
+    from workbench.attention.quant import mma_step_truncating
+
+    a = torch.full((1, K), c)
+    if at is not None:
+        a[0, at] = big
+    a = a.to(torch.float8_e4m3fn).float()
+    acc, ones = torch.zeros(1, 1), torch.ones(K, 1)
+    nearest = torch.zeros(1, 1)
+    for s in range(0, K, 32):
+        acc = mma_step_truncating(acc, a[:, s : s + 32], ones[s : s + 32], 13)
+        nearest = round_to_mantissa(nearest + a[:, s : s + 32] @ ones[s : s + 32], 13)
+    assert float(acc) == measured
+    exact = float(a.double().sum())
+    if exact != measured:  # the round-to-nearest model keeps what the tensor cores drop
+        assert abs(float(nearest) - exact) < abs(measured - exact)
+
+
+def test_mma_step_truncating_drifts_down_and_keeps_shapes():
+    from workbench.attention.quant import mma_step_truncating
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.exp2(-12 * torch.rand(2, 3, 40, 256, generator=g)).to(torch.float8_e4m3fn).float()
+    v = torch.randn(2, 3, 256, 8, generator=g).abs()
+    acc = torch.zeros(2, 3, 40, 8)
+    chunked = torch.zeros(2, 3, 40, 8)
+    for s in range(0, 256, 32):
+        acc = mma_step_truncating(acc, p[..., s : s + 32], v[..., s : s + 32, :], 13)
+        chunked = mma_step_truncating(chunked, p[..., s : s + 32], v[..., s : s + 32, :], 13,
+                                      max_elements=1000)  # row chunks: the same bits
+    exact = p.double() @ v.double()
+    assert torch.equal(acc, chunked)
+    assert float((acc.double() - exact).max()) <= 0  # every cut is toward zero (positive terms)
+    assert float((acc.double() - exact).min()) < 0

@@ -187,6 +187,35 @@ def test_reduced_accumulator_costs_accuracy():
     assert float((same.out - full.out).abs().max()) <= 2**-7  # 23 bits: fp32 up to bf16 ulps
 
 
+def test_truncating_accumulator_shrinks_long_unflushed_sums():
+    """FlashAttention-3 FP8's numerics (P @ V accumulated on the tensor cores over the whole row):
+    with the H200's truncating accumulator (``accum_rounding="truncate"``) every product under
+    the running sum's 13th bit is dropped, so the output shrinks and the error grows with the
+    row length; a round-to-nearest accumulator predicts ~10x less. A flush to FP32 every 128
+    keys (the kernels' per-tile flush) removes most of it; with V smoothed the products change
+    sign, the cuts cancel and even an unflushed accumulator costs nothing measurable."""
+    q, k, v = _inputs(dtype=torch.float32, S=2048, H=2, D=128, bias=1.0)
+    lay = SegmentLayout(video=2048)
+    idx = evenly_spaced_rows(2048, 16)
+    ref, _ = dense_attention_f64(q, k, v, query_index=idx)
+    fa3 = ("fp8_dense:qk_granularity=tensor,v_granularity=tensor,smoothing=none,"
+           "v_bias_correction=false,p_scaling=exp2_offset8,accumulation=reduced,"
+           "accum_flush_keys=100000")
+
+    def err(recipe):
+        out = recipe_attention(q, k, v, recipe, layout=lay, query_index=idx).out.double()
+        return float((out - ref).norm() / ref.norm()), float((out * ref).sum() / (ref * ref).sum())
+
+    (e_t, proj_t), (e_n, _) = err(fa3), err(fa3 + ",accum_rounding=nearest")
+    e_fp32, _ = err(fa3.replace("accumulation=reduced", "accumulation=fp32"))
+    e_flush, _ = err(fa3 + ",accum_flush_keys=128")
+    assert e_t > 5 * e_n and proj_t < 0.99  # the output shrinks
+    assert e_n < 1.05 * e_fp32 and e_flush < 0.2 * e_t
+    e_smooth, _ = err("fp8_dense_kv_corrected")
+    e_smooth_t, _ = err("fp8_dense_kv_corrected:accumulation=reduced,accum_flush_keys=100000")
+    assert e_smooth_t < 1.05 * e_smooth
+
+
 def test_memory_bounded_at_live_length():
     """64 queries against 32,626 keys never materialise S x S: peak RSS grows far less than the
     4.2 GB an S x S float32 matrix would take (measured in a fresh subprocess)."""

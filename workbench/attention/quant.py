@@ -63,6 +63,43 @@ def round_to_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.ldexp(torch.round(m * scale) / scale, e)
 
 
+def truncate_to_mantissa(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Cut values toward zero to `bits` explicit mantissa bits below their leading bit."""
+    m, e = torch.frexp(x)  # x = m * 2^e, |m| in [0.5, 1)
+    scale = float(2 ** (bits + 1))
+    return torch.ldexp(torch.trunc(m * scale) / scale, e)
+
+
+def mma_step_truncating(acc: torch.Tensor, p: torch.Tensor, v: torch.Tensor, bits: int,
+                        max_elements: int = 1 << 24) -> torch.Tensor:
+    """One FP8 MMA step of Hopper's reduced-precision accumulator, as measured on the H200.
+
+    acc [.., n, D], p [.., n, k] (k <= 32, one wgmma K step), v [.., k, D] (or [k, D]) ->
+    acc + p @ v as the tensor cores form it: for each output the accumulator and the k products
+    are aligned to the leading bit of the largest magnitude among them and cut toward zero to
+    `bits` bits below it (products under that unit vanish), added exactly, and the sum is cut
+    toward zero to `bits` bits below its own leading bit. With bits = 13 this reproduced every
+    sum of a probe of the H200's FP8 wgmma bit for bit (docs/numerics.md). Works on row chunks
+    of at most `max_elements` products.
+    """
+    lead = p.shape[:-2]
+    n, k, d = p.shape[-2], p.shape[-1], v.shape[-1]
+    per_row = max(1, math.prod(lead) * k * d)
+    step = max(1, max_elements // per_row)
+    out = torch.empty_like(acc)
+    vv = v[..., None, :, :]  # [.., 1, k, D]
+    for r0 in range(0, n, step):
+        a = acc[..., r0 : r0 + step, :]
+        prod = p[..., r0 : r0 + step, :, None] * vv  # [.., rows, k, D]
+        big = torch.maximum(prod.abs().amax(-2), a.abs())
+        _, e = torch.frexp(big)
+        unit = torch.ldexp(torch.ones_like(big), e - 1 - bits)  # 2^(leading bit - bits)
+        cut = torch.trunc(a / unit) * unit
+        cut = cut + (torch.trunc(prod / unit[..., None, :]) * unit[..., None, :]).sum(-2)
+        out[..., r0 : r0 + step, :] = truncate_to_mantissa(cut, bits)
+    return out
+
+
 def round_to_int8(x: torch.Tensor) -> torch.Tensor:
     """Round to integers in [-127, 127] (symmetric INT8, round half to even)."""
     return torch.round(x.float()).clamp(-INT8_MAX, INT8_MAX)

@@ -32,6 +32,7 @@ from .layout import InputError, SegmentLayout, check_qkv, check_query_index
 from .quant import (
     expand_token_scales,
     hadamard_matrix,
+    mma_step_truncating,
     quantize_channels,
     round_to_bf16,
     round_to_e4m3,
@@ -97,7 +98,9 @@ def _pv(p: torch.Tensor, v: torch.Tensor, recipe: AttentionRecipe, state: dict) 
     """P [.., n, c] @ V [.., c, D] with the recipe's accumulator. Returns the fp32 partial sum.
 
     "reduced": the inner accumulator keeps accum_mantissa_bits bits after every 32-key MMA step
-    (the FP8 wgmma K width) and is flushed into FP32 every accum_flush_keys keys.
+    (the FP8 wgmma K width), dropping bits as ``accum_rounding`` says ("truncate": Hopper's FP8
+    wgmma as measured, ``quant.mma_step_truncating``; "nearest": the step sum rounded to nearest),
+    and is flushed into FP32 every accum_flush_keys keys.
     """
     if recipe.accumulation == "fp32":
         return p @ v
@@ -108,7 +111,11 @@ def _pv(p: torch.Tensor, v: torch.Tensor, recipe: AttentionRecipe, state: dict) 
     outer = torch.zeros_like(inner)
     count = state.get("count", 0)
     for s in range(0, p.shape[-1], 32):
-        inner = round_to_mantissa(inner + p[..., s : s + 32] @ v[..., s : s + 32, :], bits)
+        ps, vs = p[..., s : s + 32], v[..., s : s + 32, :]
+        if recipe.accum_rounding == "truncate":
+            inner = mma_step_truncating(inner, ps, vs, bits)
+        else:
+            inner = round_to_mantissa(inner + ps @ vs, bits)
         count += min(32, p.shape[-1] - s)
         if count >= flush:
             outer += inner

@@ -42,6 +42,15 @@ P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 ROW_SUMS = ("p_fp32", "p_operand")
 SMOOTHINGS = ("none", "k", "kv")
 ACCUMULATIONS = ("fp32", "reduced")
+# How a "reduced" accumulator drops bits at each 32-key MMA step (docs/numerics.md):
+# "truncate": the accumulator and the step's 32 products are aligned to the leading bit of the
+#   largest of them and cut toward zero to accum_mantissa_bits bits below it, added, and the sum
+#   cut the same way below its own leading bit: Hopper's FP8 wgmma as measured on the H200 (every
+#   probe sum bit for bit, docs/numerics.md);
+# "nearest": the exact step sum added to the accumulator and rounded to nearest even (an unbiased
+#   model: it misses the truncation's downward drift, ~100x too small an error for FlashAttention-3
+#   FP8 at 32k keys).
+ACCUM_ROUNDINGS = ("truncate", "nearest")
 SPARSITIES = ("dense", "sol", "vsa")
 SOL_THRESHOLDS = ("exact", "diag")
 VSA_PREFIX_MODES = ("exempt", "compete")
@@ -78,10 +87,12 @@ class AttentionRecipe:
     # FA3-style incoherent processing: orthonormal Hadamard on the head dim of Q and K.
     hadamard: bool = False
     # "reduced" emulates a tensor-core accumulator with accum_mantissa_bits bits of mantissa,
-    # flushed into an FP32 buffer every accum_flush_keys keys (PV product only).
+    # flushed into an FP32 buffer every accum_flush_keys keys (PV product only), dropping bits
+    # as accum_rounding says (ACCUM_ROUNDINGS).
     accumulation: str = "fp32"
     accum_mantissa_bits: int = 13
     accum_flush_keys: int = 128
+    accum_rounding: str = "truncate"
     # Sparsity.
     sparsity: str = "dense"
     sol_tau: float = 1.0
@@ -189,8 +200,8 @@ class AttentionRecipe:
         if self.row_sum != "p_fp32":
             parts.append(f"row sum {self.row_sum}")
         if self.accumulation == "reduced":
-            parts.append(f"accum reduced {self.accum_mantissa_bits}b flush {self.accum_flush_keys}"
-                         " keys")
+            parts.append(f"accum reduced {self.accum_mantissa_bits}b {self.accum_rounding} "
+                         f"flush {self.accum_flush_keys} keys")
         parts.append(f"smooth {self.smoothing}")
         if self.v_bias_correction:
             parts.append("V-bias corr")
@@ -266,6 +277,7 @@ def validate(r: AttentionRecipe) -> None:
     _choice(r, "out_format", OUT_FORMATS)
     _choice(r, "smoothing", SMOOTHINGS)
     _choice(r, "accumulation", ACCUMULATIONS)
+    _choice(r, "accum_rounding", ACCUM_ROUNDINGS)
     _choice(r, "sparsity", SPARSITIES)
     _choice(r, "sol_threshold", SOL_THRESHOLDS)
     _choice(r, "vsa_prefix", VSA_PREFIX_MODES)
