@@ -79,8 +79,8 @@ def mma_step_truncating(acc: torch.Tensor, p: torch.Tensor, v: torch.Tensor, bit
     are aligned to the leading bit of the largest magnitude among them and cut toward zero to
     `bits` bits below it (products under that unit vanish), added exactly, and the sum is cut
     toward zero to `bits` bits below its own leading bit. With bits = 13 this reproduced every
-    sum of a probe of the H200's FP8 wgmma bit for bit (docs/numerics.md). Works on row chunks
-    of at most `max_elements` products.
+    sum of a probe of the H200's FP8 wgmma bit for bit (``scripts/gpu_accumulator_probe.py``,
+    docs/numerics.md). Works on row chunks of at most `max_elements` products.
     """
     lead = p.shape[:-2]
     n, k, d = p.shape[-2], p.shape[-1], v.shape[-1]

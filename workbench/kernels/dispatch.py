@@ -81,7 +81,8 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
     if r.row_sum != "p_fp32":
         # P @ ones on the tensor cores (commit 1a048a6) measured 1.2% faster in the full call
-        # and 4-6x the recipe's error on the H200 (cause not found): removed
+        # and 4-6x the recipe's error on the H200 (not the accumulator: its measured truncation,
+        # emulated, leaves the recipe's error unchanged; a defect of that form): removed
         return f"row_sum {r.row_sum!r}: no kernel (the reference path emulates it)"
     if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1]:
         return "self-attention [B, S, H, D] operands with matching K/V"
