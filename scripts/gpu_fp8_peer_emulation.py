@@ -26,14 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention  # noqa: E402
 from workbench.bench.inputs import make_inputs  # noqa: E402
-from workbench.bench.peers import PeerUnavailable, build_peer  # noqa: E402
+from workbench.bench.peers import PEER_EMULATIONS, PeerUnavailable, build_peer  # noqa: E402
 
 # FA3's FP8 forward as the recipe fields can say it (its scales are per (batch, KV head); the
 # nearest granularity here is per tensor, which moves the error by ~1e-3, against ~0.3 from the
 # accumulator at 32k keys)
-FA3_LIKE = ("fp8_dense:qk_granularity=tensor,v_granularity=tensor,smoothing=none,"
-            "v_bias_correction=false,p_scaling=exp2_offset8,accumulation=reduced,"
-            "accum_flush_keys=1000000000")
+FA3_LIKE = PEER_EMULATIONS["fa3_fp8"]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

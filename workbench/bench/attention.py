@@ -88,6 +88,10 @@ def side_by_side(B, S, H, D, *, n_sets=2, recipes=RECIPES, peers=DEFAULT_PEERS, 
             log(f"  {name}: skipped ({skipped[name]})")
             continue
         extra = {"note": peer.note} if peer.note else {}
+        if emulate and peer.emulation:  # its numerics on the reference path, same rows
+            emu = recipe_attention(q0, k0, v0, peer.emulation, query_index=idx)
+            extra["emu_rel_l2"] = _accuracy(emu.out, ref)[0]
+            del emu
         record(name, "full", peer.full, acc, peer.precision, extra)
         if peer.kernel is not None:
             states = Rotating([peer.prepare(*s) for s in sets])

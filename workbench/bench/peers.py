@@ -31,10 +31,26 @@ class PeerUnavailable(Exception):
     """The peer cannot run here (not installed, not built, refused this shape): the reason."""
 
 
+# The FP8 peers' numerics as recipes of the reference path (docs/numerics.md): E4M3 operands
+# with one scale per tensor (FA3's are per (batch, KV head): ~1e-3 apart at these lengths, against
+# the accumulator's 0.1-0.5), P scaled into E4M3's range (FA3: 2^8; cuDNN: 448), no smoothing,
+# P @ V in Hopper's truncating 13-bit accumulator over the whole key range (no flush). cuDNN's
+# FP8 output rounding (where its BF16 output is refused) is not emulated.
+PEER_EMULATIONS = {
+    "fa3_fp8": ("fp8_dense:qk_granularity=tensor,v_granularity=tensor,smoothing=none,"
+                "v_bias_correction=false,p_scaling=exp2_offset8,accumulation=reduced,"
+                "accum_flush_keys=1000000000"),
+    "cudnn_fp8": ("fp8_dense:qk_granularity=tensor,v_granularity=tensor,smoothing=none,"
+                  "v_bias_correction=false,p_scaling=rowmax448,accumulation=reduced,"
+                  "accum_flush_keys=1000000000"),
+}
+
+
 @dataclass
 class Peer:
     """One peer built for one shape. full(q, k, v) -> out; kernel(state) -> out on the state that
-    prepare(q, k, v) returns (the FP8 operands), when the peer has a separate kernel."""
+    prepare(q, k, v) returns (the FP8 operands), when the peer has a separate kernel.
+    emulation: the recipe string that emulates its numerics on the reference path, if any."""
 
     name: str
     precision: str  # "bf16", "fp8" or "int8+fp8": the operand formats of the matrix products
@@ -42,6 +58,7 @@ class Peer:
     prepare: Callable | None = None
     kernel: Callable | None = None
     note: str = ""
+    emulation: str | None = None
 
 
 def _first(o):
@@ -90,7 +107,7 @@ def _fa3(precision: str, B, S, H, D) -> Peer:
         return _first(fa3(q8, k8, v8, q_descale=sq, k_descale=sk, v_descale=sv))
 
     return Peer("fa3_fp8", "fp8", lambda q, k, v: kernel(prepare(q, k, v)), prepare, kernel,
-                note="per-(batch, head) scales")
+                note="per-(batch, head) scales", emulation=PEER_EMULATIONS["fa3_fp8"])
 
 
 class CudnnFp8:
@@ -175,7 +192,8 @@ def _cudnn_fp8(B, S, H, D) -> Peer:
                                   f"{str(exc2)[:120]}") from None
         # cuDNN proposes no FP8 -> BF16 sdpa plan on sm_90 (cuDNN 9.19): say so, briefly
         note = f"per-tensor scales, FP8 output (BF16 output: {type(exc).__name__})"
-    return Peer("cudnn_fp8", "fp8", cd.full, cd.quantize, cd.attend, note=note)
+    return Peer("cudnn_fp8", "fp8", cd.full, cd.quantize, cd.attend, note=note,
+                emulation=PEER_EMULATIONS["cudnn_fp8"])
 
 
 def _sage(B, S, H, D) -> Peer:

@@ -13,7 +13,8 @@ TIMED = ("full", "kernel")
 ACCURACY_NOTE = (
     "rel-L2 = ||out - ref|| / ||ref|| on {rows} evenly spaced query rows against float64 "
     "attention of the same bf16 inputs over the full context; 'torch emu' = the same recipe in "
-    "the project's torch emulation (a kernel passes at <= 1.25x it). BF16 peers sit at the BF16 "
+    "the project's torch emulation (a kernel passes at <= 1.25x it), for the FP8 peers their "
+    "numerics as a recipe (bench.peers.PEER_EMULATIONS). BF16 peers sit at the BF16 "
     "output-rounding floor (~1.7e-3). The FP8 peers with per-tensor or per-head scales "
     "(cudnn_fp8, fa3_fp8) lose accuracy as S grows: Hopper's FP8 tensor-core accumulator cuts "
     "every product toward zero to 13 bits below the running sum's leading bit (docs/numerics.md), "
