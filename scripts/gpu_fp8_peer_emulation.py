@@ -9,7 +9,8 @@ the benchmark's accuracy column uses), per sequence length: the FA3 FP8 peer's o
 with one scale per tensor, P scaled by 2^8, no smoothing, the P @ V product in a 13-bit
 accumulator never flushed to FP32) with each ``accum_rounding``, all against float64 on `rows`
 evenly spaced query rows; also the emulation against FA3's own output, and each output's
-projection on the float64 one (< 1: the output shrinks). Writes ``fp8_peer_emulation.json``.
+projection on the float64 one (< 1: the output shrinks). Writes ``fp8_peer_emulation.json`` and
+the figure ``fp8_peer_emulation.html`` (``viz.accuracy_vs_length``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,6 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention  # noqa: E402
 from workbench.bench.inputs import make_inputs  # noqa: E402
 from workbench.bench.peers import PEER_EMULATIONS, PeerUnavailable, build_peer  # noqa: E402
+from workbench.report.export import write_figures  # noqa: E402
+from workbench.viz import accuracy_vs_length  # noqa: E402
 
 # FA3's FP8 forward as the recipe fields can say it (its scales are per (batch, KV head), the
 # nearest granularity here is per tensor: the quantization's whole share of the error, the
@@ -88,7 +92,25 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "fp8_peer_emulation.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                        recipe=FA3_LIKE, rows=results), f, indent=1)
+    fig = accuracy_vs_length(bench_report(results, torch.cuda.get_device_name()))
+    written = write_figures({"fp8_peer_emulation": (fig, "FA3 FP8: measured and emulated")},
+                            Path(args.out), formats=("html",))
+    print("figure:", written["fp8_peer_emulation"]["html"])
     return 0
+
+
+def bench_report(results: list[dict], device: str) -> dict:
+    """The rows as ``workbench bench --json`` rows (what ``viz.accuracy_vs_length`` draws): FA3
+    FP8 measured with its truncating emulation, and the same recipe with a round-to-nearest
+    accumulator."""
+    rows = []
+    for r in results:
+        rows.append(dict(S=r["seq"], variant="fa3_fp8", mode="full",
+                         rel_l2=r.get("fa3_vs_f64", float("nan")),
+                         emu_rel_l2=r["emu_truncate_vs_f64"]))
+        rows.append(dict(S=r["seq"], variant="fa3_fp8 with a round-to-nearest accumulator",
+                         mode="full", rel_l2=float("nan"), emu_rel_l2=r["emu_nearest_vs_f64"]))
+    return dict(env=dict(device=device, torch=torch.__version__), rows=rows)
 
 
 if __name__ == "__main__":

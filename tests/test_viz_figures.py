@@ -213,6 +213,26 @@ def test_kernel_bench_from_json():
     assert fig.layout.shapes[0].y0 == 679.0
 
 
+def test_accuracy_vs_length_draws_measured_and_emulated_errors():
+    nan = float("nan")
+    report = {"rows": [
+        {"S": 16384, "variant": "fa3_fp8", "mode": "full", "rel_l2": 0.217, "emu_rel_l2": 0.218},
+        {"S": 8192, "variant": "fa3_fp8", "mode": "full", "rel_l2": 0.122, "emu_rel_l2": 0.127},
+        {"S": 8192, "variant": "fa3_fp8", "mode": "kernel", "rel_l2": 0.122},
+        {"S": 8192, "variant": "ours", "mode": "full", "rel_l2": 1.9e-3},
+        {"S": 8192, "variant": "nearest", "mode": "full", "rel_l2": nan, "emu_rel_l2": 2.7e-3},
+        {"S": 8192, "variant": "stats", "mode": "full", "rel_l2": nan},  # no output: no line
+    ]}
+    fig = F.accuracy_vs_length(report)
+    names = [t.name for t in fig.data]
+    assert names == ["fa3_fp8 (measured)", "fa3_fp8 (emulated)", "ours (measured)",
+                     "nearest (emulated)"]
+    assert list(fig.data[0].x) == [8192, 16384] and list(fig.data[0].y) == [0.122, 0.217]
+    assert list(fig.data[1].y) == [0.127, 0.218] and fig.data[1].line.dash == "dot"
+    assert fig.data[1].line.color == fig.data[0].line.color  # one color per variant
+    assert fig.layout.yaxis.type == "log" and fig.layout.xaxis.type == "log"
+
+
 def test_heatmap_grid_matches_per_head_metrics(comparison):
     c, _, _ = comparison
     e = c.evals["B"]

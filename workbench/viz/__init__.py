@@ -7,6 +7,7 @@ lazily: the builders need no Jupyter). The numbers behind the figures come from
 """
 
 from .figures import (
+    accuracy_vs_length,
     audio_comparison,
     boundary_bars,
     comparison_figures,
@@ -20,6 +21,7 @@ from .figures import (
 )
 
 __all__ = [
+    "accuracy_vs_length",
     "audio_comparison",
     "boundary_bars",
     "comparison_figures",

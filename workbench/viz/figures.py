@@ -630,3 +630,46 @@ def kernel_bench(
     )
     fig.update_xaxes(type="log")
     return fig
+
+
+def accuracy_vs_length(report: Mapping, *, modes: Sequence[str] = ("full",)) -> go.Figure:
+    """Relative L2 error against float64 over sequence length, one line per variant, from bench
+    JSON (``workbench bench --json``: rows with "S", "variant", "mode", "rel_l2" and, where the
+    bench emulated the variant's numerics, "emu_rel_l2"): measured solid, emulated dotted in the
+    same color, both axes logarithmic. For the FP8 peers the emulated line is their numerics on
+    the reference path (``bench.peers.PEER_EMULATIONS``)."""
+    def finite(r, key):
+        return r.get(key) is not None and bool(np.isfinite(r[key]))
+
+    rows = [r for r in report.get("rows", []) if r.get("mode") in modes
+            and (finite(r, "rel_l2") or finite(r, "emu_rel_l2"))]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["variant"], []).append(r)
+    fig = go.Figure()
+    for i, (variant, rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: r["S"])
+        meas = [r for r in rs if finite(r, "rel_l2")]
+        if meas:
+            fig.add_scatter(x=[r["S"] for r in meas], y=[r["rel_l2"] for r in meas],
+                            mode="lines+markers", name=f"{variant} (measured)",
+                            line=dict(color=_color(i)),
+                            hovertemplate="S %{x}<br>rel-L2 %{y:.3e}<extra>" + variant
+                                          + "</extra>")
+        emu = [r for r in rs if finite(r, "emu_rel_l2")]
+        if emu:
+            fig.add_scatter(x=[r["S"] for r in emu], y=[r["emu_rel_l2"] for r in emu],
+                            mode="lines+markers", name=f"{variant} (emulated)",
+                            line=dict(color=_color(i), dash="dot"), marker=dict(symbol="x"),
+                            hovertemplate="S %{x}<br>emulated rel-L2 %{y:.3e}<extra>" + variant
+                                          + "</extra>")
+    env = report.get("env") or {}
+    sub = ", ".join(str(env[k]) for k in ("device", "torch", "date") if env.get(k))
+    fig.update_layout(template=_tpl(),
+                      title="Error against float64 over sequence length"
+                            + (f"<br><sub>{sub}</sub>" if sub else ""),
+                      xaxis_title="sequence length S (keys summed per row)",
+                      yaxis_title="relative L2 error vs float64")
+    fig.update_xaxes(type="log")
+    fig.update_yaxes(type="log")
+    return fig
