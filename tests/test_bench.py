@@ -152,7 +152,8 @@ def test_gpu_bench_plan_fits_six_minutes_and_refuses_bad_options(tmp_path):
                                             ["sdpa_cudnn", "fa3_bf16", "fa3_fp8", "cudnn_fp8",
                                              "sage2_sm90"], 200, 200, board_s=2.0)
     assert with_board["bench_s"] - est["bench_s"] == 4 * 23 * 2
-    assert gpu_bench.gpu_test_files() == ["tests/test_kernels_gpu.py",
+    assert gpu_bench.gpu_test_files() == ["tests/test_accumulator_gpu.py",
+                                          "tests/test_kernels_gpu.py",
                                           "tests/test_kernels_ws_gpu.py"]
     for bad, msg in ((["--shapes", "1,8192,56"], "--shapes"), (["--peers", "fa4"], "--peers"),
                      (["--recipes", "fp8_nope"], "unknown preset"), (["--rep-ms", "0"], "rep-ms"),
