@@ -5,7 +5,7 @@
 Sums of E4M3 values on the tensor cores (A @ ones, A [64, K] E4M3 with K = 32..256, B = ones),
 through a Triton ``tl.dot`` with ``max_num_imprecise_acc = K`` (no FP32 promotion inside the
 product) and through ``torch._scaled_mm(use_fast_accum=True)`` (cuBLAS), against the float64 sum
-and against ``workbench.attention.quant.mma_step_truncating`` (the recipe field
+and against ``workbench.attention.quant.mma_sum_truncating`` (the recipe field
 ``accum_rounding="truncate"``) step by step:
 
 1. placement rows: one large value (2^7 or 2^4) at the first, the 32nd or the last position, or
@@ -31,7 +31,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from workbench.attention.quant import mma_step_truncating  # noqa: E402
+from workbench.attention.quant import mma_sum_truncating  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 
@@ -62,11 +62,7 @@ def tensor_core_sums(a8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def model_sums(a: torch.Tensor, bits: int = 13) -> torch.Tensor:
     """a [M, K] float32 (E4M3 values) -> the model's row sums, one 32-key MMA step at a time."""
-    acc = torch.zeros(a.shape[0], 1)
-    ones = torch.ones(a.shape[1], 1)
-    for s in range(0, a.shape[1], 32):
-        acc = mma_step_truncating(acc, a[:, s : s + 32], ones[s : s + 32], bits)
-    return acc[:, 0]
+    return mma_sum_truncating(a, torch.ones(a.shape[1], 1), bits)[:, 0]
 
 
 def placement_rows(device: str) -> list[dict]:

@@ -120,35 +120,31 @@ H200_FP8_SUMS = [
 
 @pytest.mark.parametrize("K,big,at,c,measured", H200_FP8_SUMS)
 def test_mma_step_truncating_reproduces_the_h200_sums(K, big, at, c, measured):
-    from workbench.attention.quant import mma_step_truncating
+    from workbench.attention.quant import mma_sum_truncating
 
     a = torch.full((1, K), c)
     if at is not None:
         a[0, at] = big
     a = a.to(torch.float8_e4m3fn).float()
-    acc, ones = torch.zeros(1, 1), torch.ones(K, 1)
+    ones = torch.ones(K, 1)
     nearest = torch.zeros(1, 1)
     for s in range(0, K, 32):
-        acc = mma_step_truncating(acc, a[:, s : s + 32], ones[s : s + 32], 13)
         nearest = round_to_mantissa(nearest + a[:, s : s + 32] @ ones[s : s + 32], 13)
-    assert float(acc) == measured
+    assert float(mma_sum_truncating(a, ones, 13)) == measured
     exact = float(a.double().sum())
     if exact != measured:  # the round-to-nearest model keeps what the tensor cores drop
         assert abs(float(nearest) - exact) < abs(measured - exact)
 
 
 def test_mma_step_truncating_drifts_down_and_keeps_shapes():
-    from workbench.attention.quant import mma_step_truncating
+    from workbench.attention.quant import mma_sum_truncating
 
     g = torch.Generator().manual_seed(0)
     p = torch.exp2(-12 * torch.rand(2, 3, 40, 256, generator=g)).to(torch.float8_e4m3fn).float()
     v = torch.randn(2, 3, 256, 8, generator=g).abs()
-    acc = torch.zeros(2, 3, 40, 8)
-    chunked = torch.zeros(2, 3, 40, 8)
-    for s in range(0, 256, 32):
-        acc = mma_step_truncating(acc, p[..., s : s + 32], v[..., s : s + 32, :], 13)
-        chunked = mma_step_truncating(chunked, p[..., s : s + 32], v[..., s : s + 32, :], 13,
-                                      max_elements=1000)  # row chunks: the same bits
+    acc = mma_sum_truncating(p, v, 13)
+    chunked = mma_sum_truncating(p, v, 13, max_elements=1000)  # row chunks: the same bits
+    assert acc.shape == (2, 3, 40, 8)
     exact = p.double() @ v.double()
     assert torch.equal(acc, chunked)
     assert float((acc.double() - exact).max()) <= 0  # every cut is toward zero (positive terms)
@@ -159,13 +155,11 @@ def test_mma_step_truncating_matches_the_h200_on_random_sums():
     """The random rows of scripts/gpu_accumulator_probe.py (generated on the CPU, seed 0): on the
     H200 (2026-12-02) Triton's and cuBLAS's sums equalled the model's in every row; their
     relative error had mean -3.659242e-05 and 1687 of the 8192 rows were inexact."""
-    from workbench.attention.quant import mma_step_truncating
+    from workbench.attention.quant import mma_sum_truncating
 
     g = torch.Generator().manual_seed(0)
     a = torch.exp2(-12 * torch.rand(8192, 256, generator=g)).to(torch.float8_e4m3fn).float()
-    acc, ones = torch.zeros(8192, 1), torch.ones(256, 1)
-    for s in range(0, 256, 32):
-        acc = mma_step_truncating(acc, a[:, s : s + 32], ones[s : s + 32], 13)
+    acc = mma_sum_truncating(a, torch.ones(256, 1), 13)
     exact = a.double().sum(1)
     r = (acc[:, 0].double() - exact) / exact
     assert int((r != 0).sum()) == 1687

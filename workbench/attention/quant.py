@@ -100,6 +100,15 @@ def mma_step_truncating(acc: torch.Tensor, p: torch.Tensor, v: torch.Tensor, bit
     return out
 
 
+def mma_sum_truncating(p: torch.Tensor, v: torch.Tensor, bits: int, **kw) -> torch.Tensor:
+    """p [.., n, K] @ v [.., K, D] (or [K, D]) as one unflushed tensor-core chain from zero: K
+    in 32-key ``mma_step_truncating`` steps. Returns the FP32 sums [.., n, D]."""
+    acc = torch.zeros(*p.shape[:-1], v.shape[-1], dtype=torch.float32, device=p.device)
+    for s in range(0, p.shape[-1], 32):
+        acc = mma_step_truncating(acc, p[..., s : s + 32], v[..., s : s + 32, :], bits, **kw)
+    return acc
+
+
 def round_to_int8(x: torch.Tensor) -> torch.Tensor:
     """Round to integers in [-127, 127] (symmetric INT8, round half to even)."""
     return torch.round(x.float()).clamp(-INT8_MAX, INT8_MAX)
