@@ -136,3 +136,19 @@ def test_gluon_summary_pass_compiles_four_per_sm():
     assert 65536 // (128 * gl_st["regs"]) >= 4 > 65536 // (128 * tr_st["regs"]), (gl_st, tr_st)
     assert gl_st["MUFU.EX2"] == 18, gl_st  # the loop's, no other exponentials
 
+
+
+def test_small_n_mma_probe_compiles_its_cases():
+    """scripts/gpu_small_n_mma_probe.py (the probe of the tensor-core row sum's narrow product)
+    compiles every case for sm_90a: each emits the n = 128 P @ V and its narrow n-wide product,
+    so the probe runs as written on the GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "scripts/gpu_small_n_mma_probe.py", "--compile-only"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = [ln for ln in p.stdout.splitlines() if " n=" in ln]
+    assert len(lines) == 18, p.stdout
+    for ln in lines:
+        n = int(ln.split(" n=")[1].split()[0])
+        want = {f"m64n{n}k32", "m64n128k32"}
+        assert f"{sorted(want)}" in ln, ln

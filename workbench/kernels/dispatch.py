@@ -81,8 +81,9 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
     if r.row_sum != "p_fp32":
         # P @ ones on the tensor cores (commit 1a048a6) measured 1.2% faster in the full call
-        # and 4-6x the recipe's error on the H200 (not the accumulator: its measured truncation,
-        # emulated, leaves the recipe's error unchanged; a defect of that form): removed
+        # and 4-6x the recipe's error on the H200: the n = 8 product reads its shared-memory
+        # ones wrongly (half the row sum on every row; P @ V from the same registers is right;
+        # scripts/gpu_small_n_mma_probe.py isolates it): removed
         return f"row_sum {r.row_sum!r}: no kernel (the reference path emulates it)"
     if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1]:
         return "self-attention [B, S, H, D] operands with matching K/V"
