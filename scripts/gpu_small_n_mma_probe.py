@@ -44,12 +44,13 @@ from workbench.kernels.attention_fp8_ws import _p_operand  # noqa: E402
 CASES = [  # (source of B, n, rows allocated for the B tile)
     ("ones", 8, 8), ("ones", 8, 64), ("ones", 16, 16), ("ones", 32, 32), ("ones", 128, 128),
     ("vslice", 8, 128), ("vslice", 16, 128), ("vslice", 64, 128),
+    ("ones_bits", 8, 8), ("ones_bits", 16, 16), ("vones", 8, 128),
 ]
 
 
 @gluon.jit
 def _probe_kernel(P, VT, OUT_N, OUT_PV, OUT_B, NL: gl.constexpr, ALLOC: gl.constexpr,
-                  SW: gl.constexpr, FROM_V: gl.constexpr):
+                  SW: gl.constexpr, FROM_V: gl.constexpr, ONES_BITS: gl.constexpr = False):
     """P [T, 64, 128] fp32, VT [128, 128] e4m3 (V^T, keys in P's register order) -> OUT_N
     [T, 64, NL] = P8 @ B, OUT_PV [T, 64, 128] = P8 @ V, OUT_B [T, NL, 128] = B read back."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -74,7 +75,10 @@ def _probe_kernel(P, VT, OUT_N, OUT_PV, OUT_B, NL: gl.constexpr, ALLOC: gl.const
     else:
         ones_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SW, element_bitwidth=8,
                                                     rank=2)
-        ones = gl.full([ALLOC, 128], 1.0, gl.float32, fill).to(gl.float8e4nv)
+        if ONES_BITS:  # E4M3 1.0 as its byte 0x38, reinterpreted
+            ones = gl.full([ALLOC, 128], 0x38, gl.uint8, fill).to(gl.float8e4nv, bitcast=True)
+        else:  # 1.0 in FP32 converted to E4M3
+            ones = gl.full([ALLOC, 128], 1.0, gl.float32, fill).to(gl.float8e4nv)
         b_smem = gl.allocate_shared_memory(gl.float8e4nv, [ALLOC, 128], ones_l,
                                            ones).slice(0, NL, 0)
     fence_async_shared()
@@ -106,16 +110,20 @@ def run_case(source: str, n: int, alloc: int, sw: int, tiles: int = 16, seed: in
     p = torch.exp2(-12 * torch.rand(tiles, 64, 128, device="cuda", generator=g))
     p8 = p.to(torch.float8_e4m3fn).float()
     v = torch.randn(128, 128, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    if source == "vones":  # the V^T tile holds ones, loaded from global memory as V is
+        v = torch.ones_like(v)
     vt = v.float()[register_order().cuda()].t().contiguous().to(torch.float8_e4m3fn)
     out_n = torch.full((tiles, 64, n), float("nan"), device="cuda")
     out_pv = torch.full((tiles, 64, 128), float("nan"), device="cuda")
     out_b = torch.full((tiles, n, 128), float("nan"), device="cuda")
     _probe_kernel[(tiles,)](p, vt, out_n, out_pv, out_b, NL=n, ALLOC=alloc, SW=sw,
-                            FROM_V=source == "vslice", num_warps=4)
+                            FROM_V=source in ("vslice", "vones"), ONES_BITS=source == "ones_bits",
+                            num_warps=4)
     torch.cuda.synchronize()
     ref_pv = p8 @ v.float()
-    ref_n = p8.sum(-1, keepdim=True).expand(-1, -1, n) if source == "ones" else ref_pv[..., :n]
-    ref_b = torch.ones_like(out_b) if source == "ones" else v.float().t()[:n].expand(tiles, -1, -1)
+    ones = source.startswith("ones") or source == "vones"
+    ref_n = p8.sum(-1, keepdim=True).expand(-1, -1, n) if ones else ref_pv[..., :n]
+    ref_b = torch.ones_like(out_b) if ones else v.float().t()[:n].expand(tiles, -1, -1)
 
     def rel(x, r):
         return float((x - r).norm() / r.norm())
@@ -124,7 +132,7 @@ def run_case(source: str, n: int, alloc: int, sw: int, tiles: int = 16, seed: in
            "read_back_ok": bool(torch.equal(out_b, ref_b)),
            "read_back_min": float(out_b.min()), "read_back_max": float(out_b.max()),
            "narrow_rel_l2": rel(out_n, ref_n), "pv_rel_l2": rel(out_pv, ref_pv)}
-    if source == "ones":
+    if ones:
         res["ones_mean_rel"] = float(((out_n - ref_n) / ref_n).mean())
     return res
 
@@ -140,8 +148,9 @@ def compile_only(swizzles) -> None:
     for source, n, alloc in CASES:
         for sw in swizzles if source == "ones" else [128]:
             sig = dict(zip(names, ["*fp32", "*fp8e4nv", "*fp32", "*fp32", "*fp32"]
-                           + ["constexpr"] * 4))
-            cst = {"NL": n, "ALLOC": alloc, "SW": sw, "FROM_V": source == "vslice"}
+                           + ["constexpr"] * 5))
+            cst = {"NL": n, "ALLOC": alloc, "SW": sw, "FROM_V": source in ("vslice", "vones"),
+                   "ONES_BITS": source == "ones_bits"}
             src = GluonASTSource(fn=_probe_kernel, signature=sig, attrs={},
                                  constexprs={(names.index(k),): v for k, v in cst.items()})
             k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))

@@ -7,9 +7,10 @@ Each argument is a JSON object of overrides of the default ``AttentionConfig`` (
 num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling`` (the recipe's P
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse recipes' BF16 baselines).
-``"schedule": "warp_specialized"`` (with ``num_stages``) compiles the dense Gluon
-kernel (``attention_fp8_ws``) instead, with ``"sparse": true`` the warp-specialized exact tiles
-(``attention_fp8_ws_lists``); their main loop is one consumer's loop.
+``"schedule": "warp_specialized"`` (with ``num_stages``; ``row_sum``: "p_operand" for P @ ones on
+the tensor cores) compiles the dense Gluon kernel (``attention_fp8_ws``) instead, with
+``"sparse": true`` the warp-specialized exact tiles (``attention_fp8_ws_lists``); their main loop
+is one consumer's loop.
 ``"sparse": true`` compiles the block-sparse specialization (routing
 lists) with the ``SparseConfig`` fields ``tma`` (per-block TMA boxes or gathered loads),
 ``summary_precision``, ``summary_chunk``, ``schedule`` and ``sparse_maxnreg`` (the exact-tile
@@ -130,6 +131,11 @@ def _ws_constexprs(overrides: dict) -> dict:
                 OUT_F32=False)
 
 
+def _ws_dense_constexprs(overrides: dict) -> dict:
+    """The dense kernel's own flags: ``row_sum`` "p_operand" = P @ ones on the tensor cores."""
+    return dict(ROW_SUM_MMA=overrides.get("row_sum", "p_fp32") == "p_operand")
+
+
 def compile_ws(overrides: dict, ints: dict):
     """The warp-specialized dense kernel (``attention_fp8_ws``, Gluon) as ``fp8_attention_fwd``
     launches it for ``schedule="warp_specialized"`` (head dim 128, BF16 output)."""
@@ -137,8 +143,10 @@ def compile_ws(overrides: dict, ints: dict):
     from workbench.kernels.attention_fp8_ws import _fp8_attn_ws_kernel as ws
 
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
-                                                    if k not in ("p_scaling", "perm_p")})
-    cst = dict(_ws_constexprs({**overrides, "num_stages": cfg.num_stages}), N_CONS=CONSUMERS)
+                                                    if k not in ("p_scaling", "perm_p",
+                                                                 "row_sum")})
+    cst = dict(_ws_constexprs({**overrides, "num_stages": cfg.num_stages}), N_CONS=CONSUMERS,
+               **_ws_dense_constexprs(overrides))
     kernel = _compile_gluon(ws, _ws_types(128, 128), cst, ints)
     return kernel, dataclasses.replace(cfg, maxnreg=MAXNREG)
 
@@ -295,6 +303,7 @@ def sass_counts(kernel, tag: str, out_dir: str = "/tmp/sass") -> dict:
     counts = {op: len(re.findall(rf"\b{re.escape(op)}\b", sass)) for op in OPS}
     counts["main_loop"] = main_loop_counts(sass)
     counts["tile_loops"] = tile_loops(sass)
+    counts["tile_loops_row_sum_mma"] = tile_loops(sass, 12)
     counts["producer_loops"] = producer_loops(sass)
     # warp-specialized kernels: the per-partition register counts (setmaxnreg in the PTX)
     counts["setmaxnreg"] = sorted({int(x) for x in re.findall(
@@ -330,11 +339,12 @@ def _spills(body: list[str]) -> int:
     return sum(o.startswith(("STL", "LDL")) for o in body)
 
 
-def tile_loops(sass: str) -> list[list[int]]:
+def tile_loops(sass: str, qgmma: int = 8) -> list[list[int]]:
     """[instructions, spill loads + stores] of every backward-branch range holding one tile's
-    8 QGMMAs (each consumer's exact-tile loop, and its summary-tile loop where there is one)."""
+    8 QGMMAs (each consumer's exact-tile loop, and its summary-tile loop where there is one);
+    qgmma=12: the dense kernel's tile with the row sum on the tensor cores (4 more, P @ ones)."""
     return [[len(b), _spills(b)] for b in _loop_bodies(sass)
-            if sum(o.startswith("QGMMA") for o in b) == 8]
+            if sum(o.startswith("QGMMA") for o in b) == qgmma]
 
 
 def producer_loops(sass: str) -> list[list[int]]:

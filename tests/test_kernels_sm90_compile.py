@@ -147,8 +147,24 @@ def test_small_n_mma_probe_compiles_its_cases():
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [ln for ln in p.stdout.splitlines() if " n=" in ln]
-    assert len(lines) == 18, p.stdout
+    assert len(lines) == 21, p.stdout
     for ln in lines:
         n = int(ln.split(" n=")[1].split()[0])
         want = {f"m64n{n}k32", "m64n128k32"}
         assert f"{sorted(want)}" in ln, ln
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
+def test_ws_kernel_row_sum_on_the_tensor_cores_compiles_leaner():
+    """row_sum="p_operand" in the warp-specialized dense kernel: each consumer's tile takes 4 more
+    QGMMA (P @ ones, n = 8) and drops the 64 FADD of the row sum and its shuffles: under 420
+    SASS instructions per tile against 456, no spills."""
+    base, rs = sass_stats({"schedule": "warp_specialized"},
+                          {"schedule": "warp_specialized", "row_sum": "p_operand"})
+    assert base["tile_loops_row_sum_mma"] == [] and base["main_loop"]["FADD"] >= 64, base
+    loops = rs["tile_loops_row_sum_mma"]
+    assert len(loops) >= 3 and all(spills == 0 for _, spills in loops), loops
+    assert rs["ptxas"] == "spill stores 0 B" and rs["QGMMA"] == base["QGMMA"] + 24, rs
+    assert rs["main_loop"]["QGMMA"] == 12 and rs["main_loop"].get("FADD", 0) < 8, rs["main_loop"]
+    assert rs["main_loop"]["loop"] < 420 < base["main_loop"]["loop"], (rs["main_loop"],
+                                                                       base["main_loop"])

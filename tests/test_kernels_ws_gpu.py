@@ -104,21 +104,33 @@ def test_ws_kernel_matches_programs_kernel(stages, shape, ws_calls):
     assert float((b == a).float().mean()) > 0.95
 
 
-@pytest.mark.parametrize("p_scaling", ["unit", "exp2_offset8", "rowmax448"])
-def test_ws_kernel_within_tolerance_of_emulation(p_scaling, ws_calls):
+@pytest.mark.parametrize("p_scaling,row_sum", [("unit", "p_fp32"), ("exp2_offset8", "p_fp32"),
+                                               ("rowmax448", "p_fp32"), ("unit", "p_operand"),
+                                               ("exp2_offset8", "p_operand")])
+def test_ws_kernel_within_tolerance_of_emulation(p_scaling, row_sum, ws_calls):
+    """Against float64 within 1.25x of the recipe's emulation. row_sum="p_operand" (P @ ones on
+    the tensor cores) also against the programs kernel's FP32 adds of the same E4M3 P: the two
+    row sums differ only in their summation order and the MMA's truncation, and their LSEs agree
+    to 1e-4 (the tensor-core form of commit 1a048a6 read wrong ones: half the row sum, an LSE
+    off by log 2)."""
     from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
 
     q, k, v = biased_qkv(1, 5000, 4, 4, 128, seed=21)
     idx = evenly_spaced_rows(5000, 256).cuda()
     ref, _ = dense_attention_f64(q, k, v, query_index=idx)
-    emu = recipe_attention(q, k, v, f"fp8_dense_kv_corrected:p_scaling={p_scaling}",
-                           query_index=idx)
+    emu = recipe_attention(q, k, v, f"fp8_dense_kv_corrected:p_scaling={p_scaling},"
+                           f"row_sum={row_sum}", query_index=idx)
     qq = quantized(q, k, v)
-    out, _ = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, p_scaling=p_scaling,
-                               config=ws_config(2))
+    out, lse = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, p_scaling=p_scaling,
+                                 row_sum=row_sum, return_lse=True, config=ws_config(2))
     e_k, e_e = rel_l2(out[:, idx], ref), rel_l2(emu.out, ref)
     assert ws_calls["dense"] == 1 and e_k <= 1.25 * e_e, (ws_calls, e_k, e_e)
+    if row_sum == "p_operand":
+        a, lse_a = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, p_scaling=p_scaling,
+                                     row_sum=row_sum, return_lse=True, config=PROGRAMS)
+        assert rel_l2(out, a) < 0.1 * e_e, (rel_l2(out, a), e_e)
+        torch.testing.assert_close(lse, lse_a, rtol=0, atol=1e-4)
 
 
 def test_ws_kernel_f32_output_and_prefix_rows_untouched():

@@ -79,7 +79,7 @@ def _key_tile(n0, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
               HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
               MASK_KEYS: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
               IMP_PV: tl.constexpr, PV_FMA: tl.constexpr, PERM_P: tl.constexpr,
-              USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
+              USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr = False):
     """Load the key tile at n0 and run one step of the online softmax on it. ``tiles`` = (K8,
     V8T, kd, vd, SK, kbase, vbase, skbase): the operands and this program's offsets into them.
     Returns the updated (acc, l_i, m_i)."""
@@ -97,7 +97,8 @@ def _key_tile(n0, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
     if BLOCK_N != SCALE_BLOCK:
         s1 = tl.load(SK + skbase + n0 // SCALE_BLOCK + 1)
     return _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, n0 + offs_n < S, offs_n, BLOCK_N,
-                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P, P_LOG2_SCALE)
+                       SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P, P_LOG2_SCALE,
+                       ROW_SUM_P)
 
 
 @triton.jit
@@ -267,10 +268,11 @@ def _row_bias(m_i, m_cand, qs, P_LOG2_SCALE: tl.constexpr):
 def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
                 BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_PV: tl.constexpr, PV_FMA: tl.constexpr,
-                PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
+                PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr = False):
     """Online softmax of one tile's raw scores [BLOCK_M, BLOCK_N] and its P @ V. s0 (s1): the K
     scale of the tile's first (second) 64-key half; key_ok [BLOCK_N]: keys that exist (read only
-    with MASK_KEYS)."""
+    with MASK_KEYS). ROW_SUM_P: the row sum takes the rounded P (the recipe's row_sum
+    "p_operand"), in FP32 adds here (the warp-specialized kernel: on the tensor cores)."""
     # The row max m is kept in "t units" (raw score * K scale); the Q-row factor qs (Q scale *
     # softmax scale * log2 e, > 0) enters through one FMA per element: p = 2^(x*f - m*qs).
     if BLOCK_N == SCALE_BLOCK:
@@ -296,11 +298,16 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
         f = tl.where(half0, (qs * s0)[:, None], (qs * s1)[:, None])
     mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     p = tl.math.exp2(tl.fma(x, f, -mq[:, None]))
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if not ROW_SUM_P:
+        l_i = l_i * alpha + tl.sum(p, axis=1)
     if not PV_FMA:
         acc = acc * alpha[:, None]
     m_i = m_cand
     p = _round_p(p, ROUND_P)
+    if ROW_SUM_P:
+        # (the interpreter's P is on the grid already; the GPU's rounds in the cast)
+        pr = p if ROUND_P != 0 else p.to(v.dtype).to(tl.float32)
+        l_i = l_i * alpha + tl.sum(pr, axis=1)
     if PV_FMA:
         # This tile's P @ V (one BLOCK_N-long FP8 chain) lands in a fresh accumulator and is
         # flushed into the FP32 output accumulator by one FMA with the rescale: the per-tile flush
@@ -485,6 +492,7 @@ def _fp8_attn_fwd_kernel(
     WORK_LIST: tl.constexpr = False, KV_SPLITS: tl.constexpr = 1,
     SUM_CHUNK: tl.constexpr = 64, SUM_PREC: tl.constexpr = "tf32",
     SUMMARY_ONLY: tl.constexpr = False, INIT_SUMMARY: tl.constexpr = False,
+    ROW_SUM_P: tl.constexpr = False,
 ):
     """Dense: grid (S / BLOCK_M, B * H), every key tile. SPARSE (BLOCK_M = the 64-row routing
     block): the key blocks of the query block's list (``_list_rows``); grid (n_qblocks, B * H,
@@ -554,19 +562,20 @@ def _fp8_attn_fwd_kernel(
                 acc, l_i, m_i = _key_tile(j * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                           offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False,
                                           ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
-                                          P_LOG2_SCALE)
+                                          P_LOG2_SCALE, ROW_SUM_P)
                 j += 1
         else:
             for j in tl.range(0, n_full):
                 acc, l_i, m_i = _key_tile(j * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                           offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False,
                                           ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
-                                          P_LOG2_SCALE)
+                                          P_LOG2_SCALE, ROW_SUM_P)
         # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked).
         if n_full * BLOCK_N < S:
             acc, l_i, m_i = _key_tile(n_full * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                       offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True, ROUND_P,
-                                      IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
+                                      IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
+                                      ROW_SUM_P)
 
     if SUMMARY_ONLY:  # the summary route's unnormalized state, for the exact-tile pass
         tl.store(SUM_O + srow[:, None] * HEAD_D + d[None, :], acc)
@@ -629,6 +638,7 @@ def fp8_attention_fwd(
     return_lse: bool = False,
     out_f32: bool = False,
     p_scaling: str = "unit",
+    row_sum: str = "p_fp32",
     config: AttentionConfig = DEFAULT.attention,
     routing=None,
     sparse: SparseConfig = DEFAULT.sparse,
@@ -638,6 +648,9 @@ def fp8_attention_fwd(
     out: optional preallocated [B, S, H, D] (rows < row_start are left untouched: the dense-prefix
     rows that the merged pass fills). out_f32: write FP32 o = acc * s_v / l WITHOUT v_corr.
     p_scaling: the recipe's P scaling ("unit", "exp2_offset8", "rowmax448"; module docstring).
+    row_sum: the recipe's row sum: "p_fp32" (the FP32 P) or "p_operand" (the E4M3 P of P @ V:
+    on the tensor cores as P @ ones in the warp-specialized kernel, FP32 adds of the rounded P
+    in the programs kernel; dense only).
     config: tiling and launch (``config.AttentionConfig``; default = the measured H200 values).
     routing: a ``routing.BlockRouting`` (64-token blocks, computed with the same mu_K / mu_V as
     the quantizer): only the key blocks of each query block's exact list run, and Sol's summary
@@ -646,6 +659,11 @@ def fp8_attention_fwd(
     """
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
+    if row_sum not in ("p_fp32", "p_operand"):
+        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements 'p_fp32', 'p_operand'")
+    if row_sum == "p_operand" and routing is not None:
+        raise ValueError("row_sum='p_operand': dense attention only (the sparse loop sums the "
+                         "FP32 P)")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
@@ -663,7 +681,7 @@ def fp8_attention_fwd(
         return fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
                                     out_dtype=out_dtype, row_start=row_start,
                                     return_lse=return_lse, out_f32=out_f32, p_scaling=p_scaling,
-                                    stages=c.num_stages)
+                                    row_sum=row_sum, stages=c.num_stages)
     bf16_ops = qkv.q8.dtype == torch.bfloat16  # quantize.bf16_operands: the BF16 baselines
     if bf16_ops and c.flush != "fma":
         raise ValueError("BF16 operands: flush='triton' bounds FP8 product chains only; use "
@@ -704,6 +722,7 @@ def fp8_attention_fwd(
             IMP_PV=min(c.max_imprecise, c.block_n), WRITE_LSE=return_lse, OUT_F32=out_f32,
             USE_TMA=use_tma, PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),
             P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], INTERPRET=interp,
+            ROW_SUM_P=row_sum == "p_operand",
             num_warps=c.num_warps, num_stages=num_stages, **constexprs, **extra,
         )
 

@@ -47,12 +47,12 @@ LOG2E = 1.4426950408889634
 
 @gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
     """One warp: Q tiles of the CTA's consumers, then every K / V tile into the ring (the
     consumers' signature: warp_specialize's worker partitions share one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
      SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
-     stride_ob, stride_os, stride_oh, row_start) = args
+     stride_ob, stride_os, stride_oh, row_start) = args[:28]
     N_CONS: gl.constexpr = q_smem.shape[0]
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
@@ -108,10 +108,11 @@ def _p_operand(p8, a_layout: gl.constexpr, PERM_P: gl.constexpr):
 @gluon.jit
 def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
           offs_n, mma: gl.constexpr, a_layout: gl.constexpr, MASK_KEYS: gl.constexpr,
-          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr):
+          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, ones=None):
     """One key tile of one consumer: wait for the slot, Q K^T, the online softmax with the
     per-half K scales folded into the row max and the exponent's factor, P @ V into a fresh
-    accumulator, release the slot, flush by one FMA per element."""
+    accumulator, release the slot, flush by one FMA per element. ones (row_sum "p_operand"):
+    the [BLOCK_N, 8] E4M3 ones tile; l_i is then [64, 8], P @ ones on the tensor cores."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_D: gl.constexpr = k_smem.shape[2]
@@ -132,11 +133,24 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
     f = gl.where(half0, qs * s0, qs * s1)
     mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    if ones is None:
+        l_i = l_i * alpha + gl.sum(p, axis=1)
     p8 = _p_operand(p.to(gl.float8e4nv), a_layout, PERM_P)
     zo = gl.zeros([64, HEAD_D], gl.float32, mma)
     pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), zo, use_acc=False, is_async=True)
-    pv = warpgroup_mma_wait(0, deps=(pv,))
+    if ones is None:
+        pv = warpgroup_mma_wait(0, deps=(pv,))
+    else:
+        # the row sum of the E4M3 P that P @ V takes, from the same registers: P @ ones, a
+        # 128-term chain into a fresh [64, 8] accumulator (every column the row sum), flushed
+        # like P @ V; replaces 64 FADD and the row reduction's shuffles per tile
+        mma8: gl.constexpr = l_i.type.layout
+        a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma8, k_width=4)
+        ls = warpgroup_mma(gl.convert_layout(p8, a8, assert_trivial=True), ones,
+                           gl.zeros([64, 8], gl.float32, mma8), use_acc=False, is_async=True)
+        pv, ls = warpgroup_mma_wait(0, deps=(pv, ls))
+        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, mma8),
+                                      assert_trivial=True)[:, None] + ls
     mbarrier.arrive(empty.index(st), count=1)
     acc = acc * alpha[:, None] + pv
     return acc, l_i, m_cand
@@ -144,12 +158,12 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
 
 @gluon.jit
 def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
     """Consumer warpgroup ``cid``: rows m0 + 64 cid .. + 63 over every key tile, then the
     epilogue of ``attention_fp8._epilogue`` (V channel scale, 1 / l, + v_corr)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
      SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
-     stride_ob, stride_os, stride_oh, row_start) = args
+     stride_ob, stride_os, stride_oh, row_start) = args[:28]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_D: gl.constexpr = k_smem.shape[2]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -162,7 +176,14 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     # their outputs are never stored)
     qs = gl.load(SQ + bh * n_scale + gl.minimum(r0 // 64, n_scale - 1)) * qk_scale_log2
     m_i = gl.full([64], float("-inf"), gl.float32, row_l)
-    l_i = gl.zeros([64], gl.float32, row_l)
+    if ROW_SUM_MMA:  # l_i [64, 8] in P @ ones' accumulator layout (see _tile)
+        mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 8, 32])
+        l_i = gl.zeros([64, 8], gl.float32, mma8)
+        ones = args[28].permute((1, 0))
+    else:
+        l_i = gl.zeros([64], gl.float32, row_l)
+        ones = None
     acc = gl.zeros([64, HEAD_D], gl.float32, mma)
     offs_n = gl.arange(0, BLOCK_N, layout=col_l)
     skbase = bhk * n_scale
@@ -171,10 +192,12 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     n_full = S // BLOCK_N
     for j in range(n_full):
         acc, l_i, m_i = _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase,
-                              S, offs_n, mma, a_layout, False, P_LOG2_SCALE, PERM_P)
+                              S, offs_n, mma, a_layout, False, P_LOG2_SCALE, PERM_P, ones)
     if n_full * BLOCK_N < S:
         acc, l_i, m_i = _tile(n_full, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK,
-                              skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P)
+                              skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P, ones)
+    if ROW_SUM_MMA:  # every column holds the row sum
+        l_i = gl.convert_layout(gl.max(l_i, axis=1), row_l, assert_trivial=True)
     _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
 
 
@@ -215,7 +238,7 @@ def _fp8_attn_ws_kernel(
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
     N_CONS: gl.constexpr, STAGES: gl.constexpr, CONS_REGS: gl.constexpr,
     P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
-    OUT_F32: gl.constexpr,
+    OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr = False,
 ):
     """Grid (cdiv(S, 64 * N_CONS), B * H); num_warps = 4 (the default partition = consumer 0)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -240,19 +263,30 @@ def _fp8_attn_ws_kernel(
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=N_CONS)
+    if ROW_SUM_MMA:
+        # P @ ones' B tile, [8, BLOCK_N] E4M3 ones, written before the partitions start. Its
+        # bytes are 0x38 reinterpreted: the same tile built as FP32 1.0 converted to E4M3 read
+        # back wrong on the H200 with triton 3.6 (scripts/gpu_small_n_mma_probe.py)
+        fill: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+        ones_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv)
+        ones_bytes = gl.full([8, BLOCK_N], 0x38, gl.uint8, fill)
+        ones = gl.allocate_shared_memory(gl.float8e4nv, [8, BLOCK_N], ones_l,
+                                         ones_bytes.to(gl.float8e4nv, bitcast=True))
+    else:
+        ones = q_bar  # unused
     fence_async_shared()
     args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
-            stride_ob, stride_os, stride_oh, row_start)
+            stride_ob, stride_os, stride_oh, row_start, ones)
     # one consumer function for the three consumers (their index a constexpr argument); every
     # partition takes the same arguments, the flags written out (a tuple variable would not keep
     # them compile-time constants)
     gl.static_assert(N_CONS == 3)
     gl.warp_specialize([
-        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
-        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32)),
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
+        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
@@ -281,14 +315,17 @@ CONSUMER_REGS = 160
 def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
                          out_dtype=torch.bfloat16, row_start: int = 0, return_lse: bool = False,
                          out_f32: bool = False, p_scaling: str = "unit", stages: int = 2,
-                         row_end: int | None = None):
+                         row_end: int | None = None, row_sum: str = "p_fp32"):
     """The dense FP8 attention of ``attention_fp8.fp8_attention_fwd`` on the warp-specialized
     schedule (same arguments; ``stages`` K/V slots). row_end: only rows < row_end, a multiple of
-    a CTA's 192 rows (the block-sparse launch's query blocks routed to every key block)."""
+    a CTA's 192 rows (the block-sparse launch's query blocks routed to every key block).
+    row_sum: "p_fp32" (FP32 adds of the FP32 P) or "p_operand" (P @ ones on the tensor cores)."""
     from .attention_fp8 import P_LOG2_SCALES
 
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
+    if row_sum not in ("p_fp32", "p_operand"):
+        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements 'p_fp32', 'p_operand'")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
@@ -315,6 +352,6 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
         out.stride(0), out.stride(1), out.stride(2),
         N_CONS=CONSUMERS, STAGES=stages, CONS_REGS=CONSUMER_REGS,
         P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], PERM_P=bool(qkv.v_perm), WRITE_LSE=return_lse,
-        OUT_F32=out_f32, num_warps=4, maxnreg=MAXNREG,
+        OUT_F32=out_f32, ROW_SUM_MMA=row_sum == "p_operand", num_warps=4, maxnreg=MAXNREG,
     )
     return out, lse

@@ -79,12 +79,8 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "VSA needs vsa_tile = 64 (one routing block per K scale block)"
     if r.accumulation != "fp32":
         return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
-    if r.row_sum != "p_fp32":
-        # P @ ones on the tensor cores (commit 1a048a6) measured 1.2% faster in the full call
-        # and 4-6x the recipe's error on the H200: the n = 8 product reads its shared-memory
-        # ones wrongly (half the row sum on every row; P @ V from the same registers is right;
-        # scripts/gpu_small_n_mma_probe.py isolates it): removed
-        return f"row_sum {r.row_sum!r}: no kernel (the reference path emulates it)"
+    if r.row_sum != "p_fp32" and (r.sparsity != "dense" or is_bf16_sparse(r)):
+        return f"row_sum {r.row_sum!r}: the dense FP8 kernels only (sparse loops sum FP32 P)"
     if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1]:
         return "self-attention [B, S, H, D] operands with matching K/V"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS or k.shape[-1] != q.shape[-1]:
@@ -170,7 +166,8 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
     out = torch.empty_like(q)
     return fp8_attention_fwd(qkv, num_heads=q.shape[2], scale=scale, out=out, row_start=prefix,
                              return_lse=return_lse, p_scaling=recipe.p_scaling,
-                             config=config.attention, routing=route, sparse=config.sparse)
+                             row_sum=recipe.row_sum, config=config.attention, routing=route,
+                             sparse=config.sparse)
 
 
 def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,

@@ -37,9 +37,8 @@ P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 # "p_operand": the rounded P that P @ V takes, summed with P @ V's accumulation: numerator and
 #   denominator see the same weights, so the output is a weighted mean of the V rows (better with
 #   an unsmoothed V bias; with smoothed V it needs a scaled P, or the P values that round to zero
-#   lose their mass). The reference path only: the kernels' tensor-core form (P @ ones) measured
-#   1.2% faster and wrong on the H200, its narrow product reading the wrong ones (commit 1a048a6
-#   has it).
+#   lose their mass). Dense FP8 kernels: P @ ones on the tensor cores (warp-specialized), FP32
+#   adds of the rounded P (programs kernel); sparse recipes with it take the reference path.
 ROW_SUMS = ("p_fp32", "p_operand")
 SMOOTHINGS = ("none", "k", "kv")
 ACCUMULATIONS = ("fp32", "reduced")
