@@ -123,7 +123,8 @@ def run_case(source: str, n: int, alloc: int, sw: int, tiles: int = 16, seed: in
     ref_pv = p8 @ v.float()
     ones = source.startswith("ones") or source == "vones"
     ref_n = p8.sum(-1, keepdim=True).expand(-1, -1, n) if ones else ref_pv[..., :n]
-    ref_b = torch.ones_like(out_b) if ones else v.float().t()[:n].expand(tiles, -1, -1)
+    # the V^T tile as the kernel loaded it (keys in P's register order)
+    ref_b = torch.ones_like(out_b) if ones else vt.float()[:n].expand(tiles, -1, -1)
 
     def rel(x, r):
         return float((x - r).norm() / r.norm())
