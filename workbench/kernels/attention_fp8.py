@@ -72,6 +72,8 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The recipe's p_scaling -> c in P = 2^(s - m + c) (see the module docstring)
 P_LOG2_SCALES = {"unit": 0.0, "exp2_offset8": 8.0, "rowmax448": math.log2(448.0)}
+# the recipe row sums the kernels implement (recipes.ROW_SUMS; "p_operand": dense only)
+ROW_SUMS = ("p_fp32", "p_operand")
 
 
 @triton.jit
@@ -659,8 +661,8 @@ def fp8_attention_fwd(
     """
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
-    if row_sum not in ("p_fp32", "p_operand"):
-        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements 'p_fp32', 'p_operand'")
+    if row_sum not in ROW_SUMS:
+        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
     if row_sum == "p_operand" and routing is not None:
         raise ValueError("row_sum='p_operand': dense attention only (the sparse loop sums the "
                          "FP32 P)")

@@ -320,12 +320,12 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
     schedule (same arguments; ``stages`` K/V slots). row_end: only rows < row_end, a multiple of
     a CTA's 192 rows (the block-sparse launch's query blocks routed to every key block).
     row_sum: "p_fp32" (FP32 adds of the FP32 P) or "p_operand" (P @ ones on the tensor cores)."""
-    from .attention_fp8 import P_LOG2_SCALES
+    from .attention_fp8 import P_LOG2_SCALES, ROW_SUMS
 
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
-    if row_sum not in ("p_fp32", "p_operand"):
-        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements 'p_fp32', 'p_operand'")
+    if row_sum not in ROW_SUMS:
+        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
