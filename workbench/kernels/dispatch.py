@@ -81,12 +81,6 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
     if r.row_sum != "p_fp32" and (r.sparsity != "dense" or is_bf16_sparse(r)):
         return f"row_sum {r.row_sum!r}: the dense FP8 kernels only (sparse loops sum FP32 P)"
-    if r.row_sum != "p_fp32" and q.device.type == "cuda":
-        # the tensor-core form (P @ ones, its ones tile from the byte 0x38) compiles without
-        # spills but has not run on the GPU: the form before it read wrong ones there (half the
-        # row sum, BENCHMARKS.md). Until tests/test_kernels_ws_gpu.py passes with it, CUDA
-        # callers get the reference path rather than an unmeasured kernel.
-        return f"row_sum {r.row_sum!r} on CUDA: the tensor-core row sum is not yet measured"
     if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1]:
         return "self-attention [B, S, H, D] operands with matching K/V"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS or k.shape[-1] != q.shape[-1]:

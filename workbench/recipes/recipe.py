@@ -38,8 +38,7 @@ P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 #   denominator see the same weights, so the output is a weighted mean of the V rows (better with
 #   an unsmoothed V bias; with smoothed V it needs a scaled P, or the P values that round to zero
 #   lose their mass). Dense FP8 kernels: P @ ones on the tensor cores (warp-specialized), FP32
-#   adds of the rounded P (programs kernel); on CUDA the dispatch keeps the reference path until
-#   the tensor-core form has run on the GPU (kernels/dispatch.py); sparse recipes: reference.
+#   adds of the rounded P (programs kernel); sparse recipes: reference path.
 ROW_SUMS = ("p_fp32", "p_operand")
 SMOOTHINGS = ("none", "k", "kv")
 ACCUMULATIONS = ("fp32", "reduced")
