@@ -131,8 +131,8 @@ def _ws_constexprs(overrides: dict) -> dict:
                 OUT_F32=False)
 
 
-def _ws_dense_constexprs(overrides: dict) -> dict:
-    """The dense kernel's own flags: ``row_sum`` "p_operand" = P @ ones on the tensor cores."""
+def _ws_row_sum_constexprs(overrides: dict) -> dict:
+    """``row_sum`` "p_operand" = P @ ones on the tensor cores (both warp-specialized kernels)."""
     return dict(ROW_SUM_MMA=overrides.get("row_sum", "p_fp32") == "p_operand")
 
 
@@ -146,7 +146,7 @@ def compile_ws(overrides: dict, ints: dict):
                                                     if k not in ("p_scaling", "perm_p",
                                                                  "row_sum")})
     cst = dict(_ws_constexprs({**overrides, "num_stages": cfg.num_stages}), N_CONS=CONSUMERS,
-               **_ws_dense_constexprs(overrides))
+               **_ws_row_sum_constexprs(overrides))
     kernel = _compile_gluon(ws, _ws_types(128, 128), cst, ints)
     return kernel, dataclasses.replace(cfg, maxnreg=MAXNREG)
 
@@ -176,7 +176,8 @@ def compile_ws_lists(overrides: dict, ints: dict):
     else:
         types += ["constexpr"] * 4
     types += ["fp32"]  # LAST_LOG2
-    cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=merge, SUM_TILES=tiles)
+    cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=merge, SUM_TILES=tiles,
+               **_ws_row_sum_constexprs(overrides))
     kernel = _compile_gluon(ws, types, cst, ints)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
 

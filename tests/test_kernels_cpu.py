@@ -364,7 +364,8 @@ def test_row_sum_of_the_p_operand_matches_the_emulation():
     the emulation, and what the emulation says about the choice: with an unsmoothed V bias the
     shared weights beat the FP32 row sum (2.3x here), with smoothed V and the unit P they lose
     the mass of the P values that round to zero (2x worse), with the scaled P they are level
-    (within 5%). Sparse recipes keep the FP32 row sum: the dispatch names why."""
+    (within 5%). The FP8 sparse recipes take it too (tests/test_kernels_sparse.py); the BF16
+    sparse baselines keep the FP32 row sum: the dispatch names why."""
     from workbench.bench.inputs import sink_inputs
 
     q, k, v = sink_inputs(1, 256, 2, 64)
@@ -384,4 +385,6 @@ def test_row_sum_of_the_p_operand_matches_the_emulation():
     dense = dispatch.get_recipe(scaled + ",row_sum=p_operand")
     assert dispatch.unsupported_reason(q, k, v, dense) is None
     r = dispatch.get_recipe("fp8_sol_kv_corrected:row_sum=p_operand")
-    assert "row_sum" in dispatch.unsupported_reason(q, k, v, r)
+    assert dispatch.unsupported_reason(q, k, v, r) is None
+    r = dispatch.get_recipe("bf16:sparsity=sol,row_sum=p_operand")
+    assert "row_sum" in dispatch.unsupported_reason(q.bfloat16(), k.bfloat16(), v.bfloat16(), r)

@@ -168,3 +168,23 @@ def test_ws_kernel_row_sum_on_the_tensor_cores_compiles_leaner():
     assert rs["main_loop"]["QGMMA"] == 12 and rs["main_loop"].get("FADD", 0) < 8, rs["main_loop"]
     assert rs["main_loop"]["loop"] < 420 < base["main_loop"]["loop"], (rs["main_loop"],
                                                                        base["main_loop"])
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
+def test_list_kernel_row_sum_on_the_tensor_cores_compiles_leaner():
+    """row_sum="p_operand" in the warp-specialized exact tiles (VSA; Sol with its summary
+    tiles): each consumer's tile takes 4 more QGMMA (P @ ones of the two 64-key halves, n = 8)
+    and drops the row sum's FADD and shuffles: under 425 SASS instructions per tile against
+    ~490. The [64, 8] row-sum accumulator costs consumers 1 and 2 (160 registers) a few spill
+    instructions per tile (<= 4; consumer 0 at 168: none), which only the GPU can price."""
+    for extra in ({"summary": False}, {"summary_kernel": "fp8_tiles"}):
+        base, rs = sass_stats({"schedule": "warp_specialized", "sparse": True, **extra},
+                              {"schedule": "warp_specialized", "sparse": True, **extra,
+                               "row_sum": "p_operand"})
+        loops = [loop for loop in rs["tile_loops_row_sum_mma"] if loop[0] < 600]  # the tiles
+        assert base["tile_loops_row_sum_mma"] == [] and len(loops) >= 3, (extra, loops)
+        assert all(n < 425 and spills <= 4 for n, spills in loops), (extra, loops)
+        assert min(spills for _, spills in loops) == 0, (extra, loops)
+        assert rs["main_loop"].get("FADD", 0) < 8 <= base["main_loop"]["FADD"], (extra, rs)
+        assert rs["QGMMA"] == base["QGMMA"] + 24 and base["main_loop"]["loop"] >= 480, (extra,
+                                                                                        base)

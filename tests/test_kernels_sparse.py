@@ -100,6 +100,9 @@ CASES = [  # (S, H, Hkv, D, recipe)
     (400, 4, 2, 64, "fp8_sol_kv_corrected"),
     (333, 2, 2, 128, "fp8_sol_k:sol_threshold=diag,sol_tau=0.5,p_scaling=exp2_offset8"),
     (400, 2, 2, 64, "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3"),
+    # the row sum of the E4M3 P (exact tiles; Sol's summary route keeps its FP32 sum)
+    (400, 4, 2, 64, "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand"),
+    (333, 2, 2, 128, "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3,row_sum=p_operand"),
     # the BF16 baselines on the same loop (BF16 operands and P, no quantizer)
     (400, 2, 2, 64, "vsa_bf16:vsa_keep=0.3"),
     (333, 2, 1, 128, "bf16:sparsity=sol,sol_tau=0.5"),
@@ -398,6 +401,16 @@ hopper = pytest.mark.skipif(
      SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
     ((2000, 4, 2, 128), "fp8_sol_kv_corrected:p_scaling=exp2_offset8",
      SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
+    # the row sum of the E4M3 P: P @ ones in the warp-specialized exact tiles (Sol with its
+    # summary tiles, with its own summary pass, VSA), FP32 adds in the programs kernel
+    ((4111, 4, 2, 128), "fp8_sol_kv_corrected:row_sum=p_operand",
+     SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
+    ((4111, 4, 2, 128), "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand",
+     SparseConfig(kv_splits=1, schedule="warp_specialized")),
+    ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2,row_sum=p_operand",
+     SparseConfig(schedule="warp_specialized", kv_splits=1)),
+    ((2000, 4, 2, 64), "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand",
+     SparseConfig(kv_splits=2, summary_precision="ieee")),
 ])
 def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
     S, H, Hkv, D = shape

@@ -72,7 +72,7 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The recipe's p_scaling -> c in P = 2^(s - m + c) (see the module docstring)
 P_LOG2_SCALES = {"unit": 0.0, "exp2_offset8": 8.0, "rowmax448": math.log2(448.0)}
-# the recipe row sums the kernels implement (recipes.ROW_SUMS; "p_operand": dense only)
+# the recipe row sums the kernels implement (recipes.ROW_SUMS)
 ROW_SUMS = ("p_fp32", "p_operand")
 
 
@@ -108,7 +108,7 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                MASK_KEYS: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
                IMP_PV: tl.constexpr, PV_FMA: tl.constexpr, PERM_P: tl.constexpr,
-               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
+               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr):
     """The sparse form of ``_key_tile``: the key tile made of the key blocks at entries e (and
     e + 1 with 128-key tiles) of this query block's list ``lst`` (``cnt`` entries). Each 64-key
     half keeps its own K scale (the two-scale fold of ``_softmax_pv``); V^T's token order is
@@ -119,7 +119,7 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
     if TWO_BOXES:  # 128-key tiles from two unjoined 64-key TMA boxes
         acc, l_i, m_i = _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, HEAD_D,
                                           SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_QK, IMP_PV,
-                                          PV_FMA, PERM_P, P_LOG2_SCALE)
+                                          PV_FMA, PERM_P, P_LOG2_SCALE, ROW_SUM_P)
     else:
         K8, V8T, kd, vd, SK, kbase, vbase, skbase = tiles
         j0 = tl.load(lst + e)
@@ -146,7 +146,7 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
             key_ok = key_ok & (half0 | (e + 1 < cnt))
         acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n, BLOCK_N,
                                     SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P,
-                                    P_LOG2_SCALE)
+                                    P_LOG2_SCALE, ROW_SUM_P)
     return acc, l_i, m_i
 
 
@@ -154,7 +154,8 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
 def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
                       HEAD_D: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                       ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
-                      PV_FMA: tl.constexpr, PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr):
+                      PV_FMA: tl.constexpr, PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr,
+                      ROW_SUM_P: tl.constexpr):
     """``_list_tile`` for 128-key tiles from TMA boxes without joining them: the two 64-key
     blocks at entries e, e + 1 each get their own Q K^T (m64n64) and P @ V (k = 64) straight from
     their shared-memory boxes, in one online-softmax step (one rescale of acc per 128 keys).
@@ -184,9 +185,14 @@ def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
     mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     p0 = tl.math.exp2(tl.fma(raw0, (qs * s0)[:, None], -mq[:, None]))
     p1 = tl.math.exp2(tl.fma(raw1, (qs * s1)[:, None], -mq[:, None]))
-    l_i = l_i * alpha + (tl.sum(p0, axis=1) + tl.sum(p1, axis=1))
+    if not ROW_SUM_P:
+        l_i = l_i * alpha + (tl.sum(p0, axis=1) + tl.sum(p1, axis=1))
     p0 = _round_p(p0, ROUND_P)
     p1 = _round_p(p1, ROUND_P)
+    if ROW_SUM_P:  # the rounded P, as _softmax_pv
+        pr0 = p0 if ROUND_P != 0 else round_p_to_e4m3(p0)
+        pr1 = p1 if ROUND_P != 0 else round_p_to_e4m3(p1)
+        l_i = l_i * alpha + (tl.sum(pr0, axis=1) + tl.sum(pr1, axis=1))
     v0 = tl.trans(vd.load([vbase, j0 * SCALE_BLOCK]))
     v1 = tl.trans(vd.load([vbase, j1 * SCALE_BLOCK]))
     if PV_FMA:
@@ -307,8 +313,11 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
     m_i = m_cand
     p = _round_p(p, ROUND_P)
     if ROW_SUM_P:
-        # (the interpreter's P is on the grid already; the GPU's rounds in the cast)
-        pr = p if ROUND_P != 0 else p.to(v.dtype).to(tl.float32)
+        # the interpreter's P is on the grid already. On the GPU the rounding is bit arithmetic
+        # on the FP32 P, not p.to(e4m3).to(fp32): with that second E4M3 copy of P beside P @ V's
+        # operand the kernel's outputs were wrong on the H200 (rel-L2 1.02 against the
+        # warp-specialized kernel, whole rows zero; 2026-12-02, ffc8249)
+        pr = p if ROUND_P != 0 else round_p_to_e4m3(p)
         l_i = l_i * alpha + tl.sum(pr, axis=1)
     if PV_FMA:
         # This tile's P @ V (one BLOCK_N-long FP8 chain) lands in a fresh accumulator and is
@@ -413,7 +422,7 @@ def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
                PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
                P_LOG2_SCALE: tl.constexpr, SUMMARY: tl.constexpr, KV_SPLITS: tl.constexpr,
                SUM_CHUNK: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr,
-               SUMMARY_ONLY: tl.constexpr = False):
+               SUMMARY_ONLY: tl.constexpr = False, ROW_SUM_P: tl.constexpr = False):
     """The sparse main loop of one query block (list row ``row``), part ``sid`` of KV_SPLITS:
     the exact key blocks of the list two by two (one by one with 64-key tiles) without masks,
     then the last part's masked tile (an odd last entry and / or the partial last key block of
@@ -424,7 +433,8 @@ def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
     if not SUMMARY_ONLY:
         acc, l_i, m_i = _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n,
                                     d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
-                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, KV_SPLITS, INTERPRET)
+                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, KV_SPLITS, INTERPRET,
+                                    ROW_SUM_P)
     if SUMMARY:
         n_sum = N_KB - cnt
         if sid == KV_SPLITS - 1:
@@ -449,7 +459,8 @@ def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
                 HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
                 PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
-                P_LOG2_SCALE: tl.constexpr, KV_SPLITS: tl.constexpr, INTERPRET: tl.constexpr):
+                P_LOG2_SCALE: tl.constexpr, KV_SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
+                ROW_SUM_P: tl.constexpr):
     """The exact key blocks of one list (``cnt`` entries at ``lst``), part ``sid``."""
     BPT: tl.constexpr = BLOCK_N // SCALE_BLOCK  # key blocks per tile
     last = tl.load(lst + cnt - 1)  # lists ascend: the partial last block comes last
@@ -463,19 +474,21 @@ def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
         while t < t1:
             acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                        offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
+                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
+                                       ROW_SUM_P)
             t += 1
     else:
         for t in tl.range(t0, t1):
             acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                        offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
-                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE)
+                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
+                                       ROW_SUM_P)
     if sid == KV_SPLITS - 1:
         if n_tiles * BPT < cnt:
             acc, l_i, m_i = _list_tile(n_tiles * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
                                        S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True,
                                        ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
-                                       P_LOG2_SCALE)
+                                       P_LOG2_SCALE, ROW_SUM_P)
     return acc, l_i, m_i
 
 
@@ -538,7 +551,7 @@ def _fp8_attn_fwd_kernel(
                                    S_pad, offs_n, d, BLOCKS, COUNTS, KC, VCS, LENS, bhk * N_KB,
                                    N_KB, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, SUMMARY, KV_SPLITS,
-                                   SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY)
+                                   SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY, ROW_SUM_P)
         if INIT_SUMMARY:
             if sid == 0:
                 # merge the summary pass's state after the exact tiles (loading it before the
@@ -651,8 +664,8 @@ def fp8_attention_fwd(
     rows that the merged pass fills). out_f32: write FP32 o = acc * s_v / l WITHOUT v_corr.
     p_scaling: the recipe's P scaling ("unit", "exp2_offset8", "rowmax448"; module docstring).
     row_sum: the recipe's row sum: "p_fp32" (the FP32 P) or "p_operand" (the E4M3 P of P @ V:
-    on the tensor cores as P @ ones in the warp-specialized kernel, FP32 adds of the rounded P
-    in the programs kernel; dense only).
+    on the tensor cores as P @ ones in the warp-specialized kernels, FP32 adds of the rounded P
+    in the programs kernel; Sol's summary route keeps its FP32 row sum, as the emulation).
     config: tiling and launch (``config.AttentionConfig``; default = the measured H200 values).
     routing: a ``routing.BlockRouting`` (64-token blocks, computed with the same mu_K / mu_V as
     the quantizer): only the key blocks of each query block's exact list run, and Sol's summary
@@ -663,9 +676,6 @@ def fp8_attention_fwd(
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
     if row_sum not in ROW_SUMS:
         raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
-    if row_sum == "p_operand" and routing is not None:
-        raise ValueError("row_sum='p_operand': dense attention only (the sparse loop sums the "
-                         "FP32 P)")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
@@ -765,8 +775,8 @@ def fp8_attention_fwd(
                 with torch.cuda.stream(side):
                     fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
                                          row_start=row_start, out_f32=out_f32,
-                                         p_scaling=p_scaling, stages=c.num_stages,
-                                         row_end=dense_end)
+                                         p_scaling=p_scaling, row_sum=row_sum,
+                                         stages=c.num_stages, row_end=dense_end)
             try:  # the summary tiles' operands after the fork: the dense rows do not need them
                 tiles = ws_lists.summary_tiles(qkv, routing) if sp.tiles else None
                 ws_lists.fp8_attention_ws_lists(
@@ -774,7 +784,7 @@ def fp8_attention_fwd(
                     row_start=dense_end if side is not None else row_start,
                     out_f32=out_f32, p_log2_scale=P_LOG2_SCALES[p_scaling], sum_o=sp.sum_o,
                     sum_ml=sp.sum_ml, stages=c.num_stages, grouping=sparse.ws_grouping,
-                    summary=tiles)
+                    summary=tiles, row_sum=row_sum)
             finally:
                 if side is not None:
                     main.wait_stream(side)

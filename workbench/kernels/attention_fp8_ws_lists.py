@@ -216,7 +216,7 @@ def _last_bias(c: gl.constexpr, args):
 @gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
-              SUM_TILES: gl.constexpr):
+              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
     """The producer warp (the consumers' signature: warp_specialize's worker partitions share
     one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -292,10 +292,13 @@ def _qk_scores(t, q, c: gl.constexpr, args, mma: gl.constexpr):
 
 
 @gluon.jit
-def _pv_flush(p, alpha, acc, slot, args, mma: gl.constexpr, PERM_P: gl.constexpr):
+def _pv_flush(p, alpha, acc, l_i, slot, args, mma: gl.constexpr, PERM_P: gl.constexpr,
+              ones=None):
     """The tile's P [64, 128] (FP32, rounded here to E4M3) @ V: two products of 64 keys (the
     slot's two V^T boxes) into a fresh accumulator, the slot released, then the flush
-    acc * alpha + pv."""
+    acc * alpha + pv. Returns (acc, l_i). ones (row_sum "p_operand"): the [64, 8] E4M3 ones
+    tile; l_i [64, 8] then takes P @ ones from the same registers as P @ V (the dense kernel's
+    ``attention_fp8_ws._tile``), else l_i comes back as it was given."""
     v_smem, empty = args[5], args[8]
     HEAD_D: gl.constexpr = v_smem.shape[1]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
@@ -306,20 +309,33 @@ def _pv_flush(p, alpha, acc, slot, args, mma: gl.constexpr, PERM_P: gl.constexpr
     pv = warpgroup_mma(p0, v_smem.index(2 * slot).permute((1, 0)), zo, use_acc=False,
                        is_async=True)
     pv = warpgroup_mma(p1, v_smem.index(2 * slot + 1).permute((1, 0)), pv, is_async=True)
-    pv = warpgroup_mma_wait(0, deps=(pv,))
+    if ones is None:
+        pv = warpgroup_mma_wait(0, deps=(pv,))
+    else:
+        # one 128-term chain into a fresh [64, 8] accumulator (every column the row sum),
+        # flushed like P @ V; replaces 64 FADD and the row reduction's shuffles per tile
+        mma8: gl.constexpr = l_i.type.layout
+        a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma8, k_width=4)
+        ls = warpgroup_mma(gl.convert_layout(p0, a8, assert_trivial=True), ones,
+                           gl.zeros([64, 8], gl.float32, mma8), use_acc=False, is_async=True)
+        ls = warpgroup_mma(gl.convert_layout(p1, a8, assert_trivial=True), ones, ls,
+                           is_async=True)
+        pv, ls = warpgroup_mma_wait(0, deps=(pv, ls))
+        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, mma8),
+                                      assert_trivial=True)[:, None] + ls
     mbarrier.arrive(empty.index(slot), count=1)
-    return acc * alpha[:, None] + pv
+    return acc * alpha[:, None] + pv, l_i
 
 
 @gluon.jit
 def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
                  c: gl.constexpr, args, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
-                 PERM_P: gl.constexpr):
+                 PERM_P: gl.constexpr, ones=None):
     """One tile of two 64-key blocks (``attention_fp8._list_tile_halves``, op for op);
     blocks = (j0, j1, their K scales s0, s1), loaded a tile ahead by the caller. The slot's two
     K boxes lie one after the other in shared memory, so Q K^T is one 128-key product (the same
     values as two 64-key ones: each score is its own dot product); the per-half maxima and row
-    sums keep the Triton kernel's order."""
+    sums keep the Triton kernel's order. ones: P @ ones for the row sum (``_pv_flush``)."""
     S = args[15]
     j0, j1, s0, s1 = blocks
     e = 2 * i
@@ -335,9 +351,11 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
     mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
     f = gl.where(half0, qs * s0, qs * s1)
     p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
-    ls = gl.sum(gl.where(half0, p, 0.0), axis=1) + gl.sum(gl.where(half0, 0.0, p), axis=1)
-    l_i = l_i * alpha + ls
-    return _pv_flush(p, alpha, acc, slot, args, mma, PERM_P), l_i, m_cand
+    if ones is None:
+        ls = gl.sum(gl.where(half0, p, 0.0), axis=1) + gl.sum(gl.where(half0, 0.0, p), axis=1)
+        l_i = l_i * alpha + ls
+    acc, l_i = _pv_flush(p, alpha, acc, l_i, slot, args, mma, PERM_P, ones)
+    return acc, l_i, m_cand
 
 
 @gluon.jit
@@ -363,7 +381,8 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
                        -gl.broadcast((mq - 8.0)[:, None], raw)[0]))
     ls = gl.sum(p, axis=1)
     l_i = l_i * alpha + ls * 0.25  # 64 rows per block / 256
-    return _pv_flush(p, alpha, acc, slot, args, mma, PERM_P), l_i, m_cand
+    acc, l_i = _pv_flush(p, alpha, acc, l_i, slot, args, mma, PERM_P)
+    return acc, l_i, m_cand
 
 
 @gluon.jit
@@ -377,9 +396,11 @@ def _blocks(lst, cnt, n_all, i, args):
 @gluon.jit
 def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
-              SUM_TILES: gl.constexpr):
+              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
     """Consumer c: the query block of entry pid_q0 + c of the head's ORDER (nothing past the
-    last entry, nor for a block of dense-prefix rows: ``_row_list``)."""
+    last entry, nor for a block of dense-prefix rows: ``_row_list``). ROW_SUM_MMA: the exact
+    tiles' row sum as P @ ones (l_i [64, 8] until the last exact tile; Sol's summary tiles and
+    the summary-pass merge keep FP32 sums, as the emulation's summary route)."""
     (q_smem, q_bar, SQ, S_pad, n_scale, bh, qk_scale_log2, N_BH, SUM_O, SUM_ML) = (
         args[3], args[6], args[9], args[16], args[17], args[18], args[23], args[33], args[34],
         args[35])
@@ -391,7 +412,17 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
     if runs:
         qs = gl.load(SQ + bh * n_scale + qb) * qk_scale_log2
         m_i = gl.full([64], float("-inf"), gl.float32, rows)
-        l_i = gl.zeros([64], gl.float32, rows)
+        if ROW_SUM_MMA:
+            mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 8, 32])
+            l_i = gl.zeros([64, 8], gl.float32, mma8)
+            if SUM_TILES:  # the ones tile follows the lists' arguments (the kernel's comment)
+                ones = args[45].permute((1, 0))
+            else:
+                ones = args[39].permute((1, 0))
+        else:
+            l_i = gl.zeros([64], gl.float32, rows)
+            ones = None
         acc = gl.zeros([64, HEAD_D], gl.float32, mma)
         mbarrier.wait(q_bar, 0)
         q = q_smem.index(c)
@@ -399,11 +430,13 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         for i in range(n_full):
             nxt = _blocks(lst, cnt, n_all, i + 1, args)  # a tile ahead: off the critical path
             acc, l_i, m_i = _tile_halves(i, False, acc, l_i, m_i, q, qs, blocks, cnt, c, args,
-                                         mma, P_LOG2_SCALE, PERM_P)
+                                         mma, P_LOG2_SCALE, PERM_P, ones)
             blocks = nxt
         if n_full < n_all:
             acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, blocks, cnt, c,
-                                         args, mma, P_LOG2_SCALE, PERM_P)
+                                         args, mma, P_LOG2_SCALE, PERM_P, ones)
+        if ROW_SUM_MMA:  # every column holds the row sum
+            l_i = gl.convert_layout(gl.max(l_i, axis=1), rows, assert_trivial=True)
         if SUM_TILES:  # Sol's summary tiles after the exact ones (m_i is finite by then)
             n_sum = gl.cdiv(args[31], 128)
             skc = gl.load(args[41] + args[19])
@@ -441,6 +474,7 @@ def _fp8_attn_ws_lists_kernel(
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
     INIT_SUMMARY: gl.constexpr, SUM_TILES: gl.constexpr = False,
+    ROW_SUM_MMA: gl.constexpr = False,
 ):
     """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0).
     HEAVY: the first HEAVY CTAs of every head (their ORDER entries: query blocks routed to every
@@ -484,7 +518,7 @@ def _fp8_attn_ws_lists_kernel(
     # 28 BLOCKS, 29 COUNTS, 30 N_QB, 31 N_KB, 32 the K scales' offset, 33 N_BH, 34 SUM_O,
     # 35 SUM_ML, 36 the CTA's first ORDER entry, 37 ORDER, 38 ORDER_STRIDE; Sol's summary
     # tiles: 39 / 40 the kc8 / vc8^T descriptors, 41 SKC, 42 EXACT, 43 the bias slots,
-    # 44 LAST_LOG2 (``_last_bias``)
+    # 44 LAST_LOG2 (``_last_bias``); then with ROW_SUM_MMA the [8, 64] E4M3 ones tile
     args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
             stride_ob, stride_os, stride_oh, row_start,
@@ -492,16 +526,26 @@ def _fp8_attn_ws_lists_kernel(
             ORDER_STRIDE)
     if SUM_TILES:
         args = args + (ks_desc, vs_desc, SKC, EXACT, bias_smem, LAST_LOG2)
+    if ROW_SUM_MMA:
+        # P @ ones' B tile (row_sum "p_operand"), built from the byte 0x38 as the dense
+        # kernel's (attention_fp8_ws: the tile converted from FP32 1.0 read back wrong)
+        fill: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])
+        ones_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, 64], gl.float8e4nv)
+        ones_bytes = gl.full([8, 64], 0x38, gl.uint8, fill)
+        ones = gl.allocate_shared_memory(gl.float8e4nv, [8, 64], ones_l,
+                                         ones_bytes.to(gl.float8e4nv, bitcast=True))
+        fence_async_shared()
+        args = args + (ones,)
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
     gl.warp_specialize([
         (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUM_TILES)),
+                     SUM_TILES, ROW_SUM_MMA)),
         (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUM_TILES)),
+                     SUM_TILES, ROW_SUM_MMA)),
         (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUM_TILES)),
+                     SUM_TILES, ROW_SUM_MMA)),
         (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUM_TILES)),
+                     SUM_TILES, ROW_SUM_MMA)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
@@ -631,12 +675,17 @@ def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD, LAST_SCALE,
 def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: int,
                            out_f32: bool, p_log2_scale: float, sum_o=None, sum_ml=None,
                            stages: int = 2, grouping: str = "by_length",
-                           summary: SummaryTiles | None = None):
+                           summary: SummaryTiles | None = None, row_sum: str = "p_fp32"):
     """The exact tiles of block-sparse attention on the warp-specialized schedule, into `out`
     (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge, or
     ``summary``: Sol's summary route as E4M3 tiles after each consumer's exact tiles (unit P
     scaling; ``SparseConfig.summary_kernel="fp8_tiles"``); grouping: which query blocks share a
-    CTA (``query_order``)."""
+    CTA (``query_order``); row_sum: "p_fp32" or "p_operand" (the exact tiles' row sum as
+    P @ ones on the tensor cores)."""
+    from .attention_fp8 import ROW_SUMS
+
+    if row_sum not in ROW_SUMS:
+        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     nq, nk = routing.exact.shape[-2:]
@@ -665,7 +714,8 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
         heavy_groups(routing.dense_rows, grid[0]), *tiles,
         STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
         PERM_P=bool(qkv.v_perm), WRITE_LSE=lse is not None, OUT_F32=out_f32,
-        INIT_SUMMARY=sum_o is not None, SUM_TILES=summary is not None, num_warps=4,
+        INIT_SUMMARY=sum_o is not None, SUM_TILES=summary is not None,
+        ROW_SUM_MMA=row_sum == "p_operand", num_warps=4,
         maxnreg=MAXNREG,
     )
     return out, lse

@@ -79,8 +79,8 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "VSA needs vsa_tile = 64 (one routing block per K scale block)"
     if r.accumulation != "fp32":
         return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
-    if r.row_sum != "p_fp32" and (r.sparsity != "dense" or is_bf16_sparse(r)):
-        return f"row_sum {r.row_sum!r}: the dense FP8 kernels only (sparse loops sum FP32 P)"
+    if r.row_sum != "p_fp32" and is_bf16_sparse(r):
+        return f"row_sum {r.row_sum!r}: the FP8 kernels only (BF16 sparse loops sum FP32 P)"
     if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1]:
         return "self-attention [B, S, H, D] operands with matching K/V"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS or k.shape[-1] != q.shape[-1]:

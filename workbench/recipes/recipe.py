@@ -37,8 +37,9 @@ P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 # "p_operand": the rounded P that P @ V takes, summed with P @ V's accumulation: numerator and
 #   denominator see the same weights, so the output is a weighted mean of the V rows (better with
 #   an unsmoothed V bias; with smoothed V it needs a scaled P, or the P values that round to zero
-#   lose their mass). Dense FP8 kernels: P @ ones on the tensor cores (warp-specialized), FP32
-#   adds of the rounded P (programs kernel); sparse recipes: reference path.
+#   lose their mass). FP8 kernels: P @ ones on the tensor cores (warp-specialized, dense and
+#   sparse exact tiles), FP32 adds of the rounded P (programs kernel); Sol's summary route keeps
+#   its FP32 sum of the block weights.
 ROW_SUMS = ("p_fp32", "p_operand")
 SMOOTHINGS = ("none", "k", "kv")
 ACCUMULATIONS = ("fp32", "reduced")
