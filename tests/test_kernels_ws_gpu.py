@@ -110,9 +110,10 @@ def test_ws_kernel_matches_programs_kernel(stages, shape, ws_calls):
 def test_ws_kernel_within_tolerance_of_emulation(p_scaling, row_sum, ws_calls):
     """Against float64 within 1.25x of the recipe's emulation. row_sum="p_operand" (P @ ones on
     the tensor cores) also against the programs kernel's FP32 adds of the same E4M3 P: the two
-    row sums differ only in their summation order and the MMA's truncation, and their LSEs agree
-    to 1e-4 (the tensor-core form of commit 1a048a6 read wrong ones: half the row sum, an LSE
-    off by log 2)."""
+    row sums differ only in their summation order and the MMA's truncation (each 32-key step of
+    a tile's chain may cut up to 2^-13 of the running sum: 4 steps, <= 4.9e-4 in the LSE; measured
+    at most 1.11e-4 with exp2_offset8 on the H200, 2026-12-02), so their LSEs agree to 5e-4 (the
+    tensor-core form of commit 1a048a6 read wrong ones: half the row sum, an LSE off by log 2)."""
     from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
 
@@ -130,7 +131,7 @@ def test_ws_kernel_within_tolerance_of_emulation(p_scaling, row_sum, ws_calls):
         a, lse_a = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, p_scaling=p_scaling,
                                      row_sum=row_sum, return_lse=True, config=PROGRAMS)
         assert rel_l2(out, a) < 0.1 * e_e, (rel_l2(out, a), e_e)
-        torch.testing.assert_close(lse, lse_a, rtol=0, atol=1e-4)
+        torch.testing.assert_close(lse, lse_a, rtol=0, atol=5e-4)
 
 
 def test_ws_kernel_f32_output_and_prefix_rows_untouched():
