@@ -4,6 +4,9 @@ Torch twin: ``workbench.attention.reference._attend`` (called by ``recipe_attent
 fp8_dense* recipes. Differences that are by design (compare error statistics, not bits):
 - online softmax: P = 2^(s - m_running) is rounded to E4M3 against the running row max (the twin
   uses the final row max); the row sum l accumulates the FP32 P, PV uses the E4M3 P (as the twin);
+  with the recipe's ``row_sum="p_operand"`` l adds the E4M3 P in FP32 (``_softmax_pv``; the
+  warp-specialized kernels take P @ ones on the tensor cores), rounded by bit arithmetic on the
+  GPU too: a second E4M3 copy of P beside P @ V's operand gave wrong rows on the H200 (ffc8249);
 - the V channel scale is applied once to the FP32 accumulator in the epilogue (the twin multiplies
   the dequantized V), then out = acc * s_v / l + v_corr, rounded to BF16.
 

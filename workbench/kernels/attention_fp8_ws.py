@@ -6,7 +6,12 @@ Triton kernel ``attention_fp8._fp8_attn_fwd_kernel`` (its dense specialization),
 this kernel repeats operation for operation: the same scores, the same per-half K-scale fold, the
 same P = 2^(s - m + c) rounded to E4M3 by the hardware cast, the same per-tile flush (Q K^T one
 head-dim chain from zero, P @ V into a fresh accumulator added by ``acc * alpha + pv``), the same
-epilogue. What differs is the schedule:
+epilogue. With the recipe's ``row_sum="p_operand"`` (the twin: the row sum of the E4M3 P with
+P @ V's accumulation) the row sum is P @ ones on the tensor cores: an n = 8 product from the same
+E4M3 registers as P @ V into a fresh [64, 8] accumulator, its ones tile built from the byte 0x38
+(a tile of FP32 1.0 converted to E4M3 was written wrongly to shared memory by triton 3.6,
+``scripts/gpu_small_n_mma_probe.py``); the Triton kernel adds the rounded P in FP32 instead, so
+the two differ by the MMA's truncation (LSEs within 5e-4). What differs is the schedule:
 - a CTA holds N_CONS = 3 x 64 query rows of one head; one producer warp loads each K / V tile once
   by TMA into a ring of STAGES shared-memory slots (mbarriers "ready" / "empty"), so the consumers
   issue no TMA loads, address arithmetic or barrier bookkeeping of their own beyond two waits and

@@ -34,6 +34,9 @@ the weights out of E4M3's subnormals), a consumer's exact blocks masked by a sco
 that the producer writes into shared memory from ``routing.exact``; the row sum adds each
 weight times 64 rows in FP32 (the sequence's last block of n rows: its weight carries n / 64
 through its score bias and its vc8 column is its sum times 64 / n, so no tile is special).
+With ``row_sum="p_operand"`` the exact tiles' row sum is P @ ones on the tensor cores, one n = 8
+product per 64-key half (``_pv_flush``, as the dense kernel's); the summary tiles keep their FP32
+sum of the weights, as the twin's summary route does.
 Where this kernel does not run, or with a scaled P, the route is its own pass
 (``summary_gluon`` or the Triton kernel's), whose state this kernel merges (``INIT_SUMMARY``).
 The twin's route is FP32; E4M3 operands moved the H3 anchor's error against float64 from
