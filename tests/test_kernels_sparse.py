@@ -331,6 +331,13 @@ def test_bf16_baselines_are_supported_only_as_they_are_emulated():
     assert "unsmoothed" in ok(q, k, v, get_recipe("bf16:sparsity=sol,smoothing=kv"))
     assert "bf16 operands" in ok(q.half(), k.half(), v.half(), get_recipe("vsa_bf16"))
     assert "fp8_e4m3" in ok(q, k, v, get_recipe("bf16"))  # dense BF16: SDPA's job
+    assert "row_sum" in ok(q, k, v, get_recipe("vsa_bf16:row_sum=p_operand"))
+    # the kernel entry refuses it too (its row sum would round P to E4M3, P @ V takes BF16 P)
+    from workbench.kernels.quantize import bf16_operands
+
+    with pytest.raises(ValueError, match="row_sum='p_operand' with BF16 operands"):
+        fp8_attention_fwd(bf16_operands(q, k, v), num_heads=2, scale=0.125,
+                          row_sum="p_operand")
 
 
 def test_bf16_operands_keep_the_values_in_the_kernel_layouts():
@@ -411,6 +418,8 @@ hopper = pytest.mark.skipif(
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
     ((2000, 4, 2, 64), "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand",
      SparseConfig(kv_splits=2, summary_precision="ieee")),
+    # whole CTAs of prefix blocks on the dense kernel, on a side stream, with P @ ones too
+    ((4111, 4, 2, 128), PREFIX_EXACT + ",row_sum=p_operand", SparseConfig(kv_splits=1)),
 ])
 def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
     S, H, Hkv, D = shape

@@ -202,3 +202,51 @@ def test_ws_lists_kernel_matches_programs_kernel(name, S, Hkv, ws_calls):
               f"(odd lists {odd:.2f}, list lengths spread {spread} within a head)")
         assert torch.equal(a, b), grouping
         torch.testing.assert_close(lse_b, lse_a, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["fp8_sol_kv_corrected",
+                                  "fp8_sol_kv_corrected:p_scaling=exp2_offset8",
+                                  "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2"])
+def test_ws_lists_row_sum_on_the_tensor_cores(name, ws_calls):
+    """row_sum="p_operand" in the list kernel's exact tiles (P @ ones per 64-key half) against
+    the programs kernel's FP32 adds of the same E4M3 P on the same lists (Sol's summary route
+    as the same pass on both sides; with the summary tiles the 1.25x rule of
+    tests/test_kernels_sparse.py covers it): LSEs within the MMA's truncation (5e-4, as the
+    dense kernel's) and outputs within 5e-4, while the FP32 row sum of the same kernel sits
+    further from them (a kernel that ignored the flag would not)."""
+    from workbench.attention import SegmentLayout
+    from workbench.kernels import dispatch
+    from workbench.kernels.attention_fp8 import fp8_attention_fwd
+    from workbench.kernels.config import SparseConfig
+    from workbench.kernels.quantize import quantize_qkv
+    from workbench.recipes import get_recipe
+    from workbench.synthetic import small_config, synthetic_qkv
+
+    S, H, Hkv = 4111, 4, 2
+    cfg = small_config(S, heads=H, kv_heads=Hkv, head_dim=128, rotated=96, seed=S)
+    q, k, v = synthetic_qkv(cfg, device="cuda")
+    k, v = k[:, :, :: H // Hkv].contiguous(), v[:, :, :: H // Hkv].contiguous()
+    layout = SegmentLayout(text=14, audio=100, video=S - 114)
+    rec = get_recipe(name)
+    mu_k, mu_v, v_amax, route = dispatch.sparse_routing(q, k, v, rec, layout, 128**-0.5)
+    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=rec.smooth_k,
+                       smooth_v=rec.smooth_v, v_bias_correction=rec.v_bias_correction)
+
+    def run(schedule, row_sum, summary):
+        sp = SparseConfig(kv_splits=1, schedule=schedule, summary_kernel=summary)
+        return fp8_attention_fwd(qkv, num_heads=H, scale=128**-0.5, routing=route, sparse=sp,
+                                 return_lse=True, row_start=layout.prefix_len,
+                                 out=torch.full_like(q, 7.0), p_scaling=rec.p_scaling,
+                                 row_sum=row_sum)
+
+    a, lse_a = run("rows", "p_operand", "gluon")
+    b, lse_b = run("warp_specialized", "p_operand", "gluon")
+    c, lse_c = run("warp_specialized", "p_fp32", "gluon")
+    assert ws_calls["lists"] == 2 and b.isfinite().all()
+    rows = slice(layout.prefix_len, None)
+    d_ab = float((lse_b - lse_a)[..., rows].abs().max())
+    d_ac = float((lse_c - lse_a)[..., rows].abs().max())
+    print(f"GPU ws lists p_operand {name}: LSE vs programs {d_ab:.3e}, FP32 row sum {d_ac:.3e}; "
+          f"out rel-L2 {rel_l2(b[:, rows], a[:, rows]):.3e}")
+    assert d_ab <= 5e-4 and d_ab < d_ac, (d_ab, d_ac)
+    assert rel_l2(b[:, rows], a[:, rows]) < 5e-4

@@ -698,6 +698,9 @@ def fp8_attention_fwd(
                                     return_lse=return_lse, out_f32=out_f32, p_scaling=p_scaling,
                                     row_sum=row_sum, stages=c.num_stages)
     bf16_ops = qkv.q8.dtype == torch.bfloat16  # quantize.bf16_operands: the BF16 baselines
+    if bf16_ops and row_sum != "p_fp32":
+        raise ValueError(f"row_sum={row_sum!r} with BF16 operands: the BF16 baselines sum the "
+                         "FP32 P (the kernels round the row sum's P to E4M3)")
     if bf16_ops and c.flush != "fma":
         raise ValueError("BF16 operands: flush='triton' bounds FP8 product chains only; use "
                          "flush='fma'")
