@@ -110,10 +110,12 @@ def test_ws_kernel_matches_programs_kernel(stages, shape, ws_calls):
 def test_ws_kernel_within_tolerance_of_emulation(p_scaling, row_sum, ws_calls):
     """Against float64 within 1.25x of the recipe's emulation. row_sum="p_operand" (P @ ones on
     the tensor cores) also against the programs kernel's FP32 adds of the same E4M3 P: the two
-    row sums differ only in their summation order and the MMA's truncation (each 32-key step of
-    a tile's chain may cut up to 2^-13 of the running sum: 4 steps, <= 4.9e-4 in the LSE; measured
-    at most 1.11e-4 with exp2_offset8 on the H200, 2026-12-02), so their LSEs agree to 5e-4 (the
-    tensor-core form of commit 1a048a6 read wrong ones: half the row sum, an LSE off by log 2)."""
+    row sums differ only in their summation order and the MMA's truncation (the FP8 MMA cuts every
+    product to 13 bits below the running sum's leading bit, docs/numerics.md, so a tile of many
+    small nonzero P loses up to a few 1e-3 of its sum: measured at most 1.11e-4 in the LSE here
+    with exp2_offset8, 2.32e-3 on the list kernel's input below; H200, 2026-12-02), so their
+    LSEs agree to 5e-4 here (the tensor-core form of commit 1a048a6 read wrong ones: half the
+    row sum, an LSE off by log 2)."""
     from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
 
@@ -211,9 +213,12 @@ def test_ws_lists_row_sum_on_the_tensor_cores(name, ws_calls):
     """row_sum="p_operand" in the list kernel's exact tiles (P @ ones per 64-key half) against
     the programs kernel's FP32 adds of the same E4M3 P on the same lists (Sol's summary route
     as the same pass on both sides; with the summary tiles the 1.25x rule of
-    tests/test_kernels_sparse.py covers it): LSEs within the MMA's truncation (5e-4, as the
-    dense kernel's) and outputs within 5e-4, while the FP32 row sum of the same kernel sits
-    further from them (a kernel that ignored the flag would not)."""
+    tests/test_kernels_sparse.py covers it): LSEs within the MMA's truncation of the many small
+    products (4e-3; H200, 2026-12-02: 7.6e-6 unit-P Sol, 1.5e-5 VSA, 2.32e-3 Sol with the scaled
+    P, whose small probabilities stay nonzero and each lose their bits below the running sum's
+    13th) and at most half as far as the FP32 row sum of the same kernel (9.6e-3 / 1.6e-2 /
+    8.0e-3: a kernel that ignored the flag would sit there), outputs within 5e-4 (at most
+    2.6e-4)."""
     from workbench.attention import SegmentLayout
     from workbench.kernels import dispatch
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
@@ -248,5 +253,5 @@ def test_ws_lists_row_sum_on_the_tensor_cores(name, ws_calls):
     d_ac = float((lse_c - lse_a)[..., rows].abs().max())
     print(f"GPU ws lists p_operand {name}: LSE vs programs {d_ab:.3e}, FP32 row sum {d_ac:.3e}; "
           f"out rel-L2 {rel_l2(b[:, rows], a[:, rows]):.3e}")
-    assert d_ab <= 5e-4 and d_ab < d_ac, (d_ab, d_ac)
+    assert d_ab <= 4e-3 and d_ab < 0.5 * d_ac, (d_ab, d_ac)
     assert rel_l2(b[:, rows], a[:, rows]) < 5e-4
