@@ -154,6 +154,26 @@ def test_ws_kernel_f32_output_and_prefix_rows_untouched():
     assert (out[:, :370] == 7.0).all() and torch.equal(out[:, 370:], full[:, 370:])
 
 
+def list_operands(name, S, H, Hkv):
+    """(q, layout, recipe, routing, quantized operands) of a sparse recipe on a synthetic input
+    of S tokens (114 prefix rows), H query and Hkv K/V heads of 128, as the dispatch makes them."""
+    from workbench.attention import SegmentLayout
+    from workbench.kernels import dispatch
+    from workbench.kernels.quantize import quantize_qkv
+    from workbench.recipes import get_recipe
+    from workbench.synthetic import small_config, synthetic_qkv
+
+    cfg = small_config(S, heads=H, kv_heads=Hkv, head_dim=128, rotated=96, seed=S)
+    q, k, v = synthetic_qkv(cfg, device="cuda")
+    k, v = k[:, :, :: H // Hkv].contiguous(), v[:, :, :: H // Hkv].contiguous()
+    layout = SegmentLayout(text=14, audio=100, video=S - 114)
+    rec = get_recipe(name)
+    mu_k, mu_v, v_amax, route = dispatch.sparse_routing(q, k, v, rec, layout, 128**-0.5)
+    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=rec.smooth_k,
+                       smooth_v=rec.smooth_v, v_bias_correction=rec.v_bias_correction)
+    return q, layout, rec, route, qkv
+
+
 @pytest.mark.parametrize("name,S,Hkv", [
     ("fp8_sol_kv_corrected", 4111, 2),  # summary-pass merge, partial last block, GQA
     ("fp8_sol_kv_corrected:sol_threshold=diag,sol_tau=0.3", 3000, 4),
@@ -166,23 +186,11 @@ def test_ws_lists_kernel_matches_programs_kernel(name, S, Hkv, ws_calls):
     kernel on the same lists: the same operations per row in the same order, so the outputs
     are bitwise equal (H200, 2026-12-01: 0 differing outputs in every case) and the LSE equal to
     float rounding."""
-    from workbench.attention import SegmentLayout
-    from workbench.kernels import dispatch
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.config import SparseConfig
-    from workbench.kernels.quantize import quantize_qkv
-    from workbench.recipes import get_recipe
-    from workbench.synthetic import small_config, synthetic_qkv
 
     H = 4
-    cfg = small_config(S, heads=H, kv_heads=Hkv, head_dim=128, rotated=96, seed=S)
-    q, k, v = synthetic_qkv(cfg, device="cuda")
-    k, v = k[:, :, :: H // Hkv].contiguous(), v[:, :, :: H // Hkv].contiguous()
-    layout = SegmentLayout(text=14, audio=100, video=S - 114)
-    rec = get_recipe(name)
-    mu_k, mu_v, v_amax, route = dispatch.sparse_routing(q, k, v, rec, layout, 128**-0.5)
-    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=rec.smooth_k,
-                       smooth_v=rec.smooth_v, v_bias_correction=rec.v_bias_correction)
+    q, layout, rec, route, qkv = list_operands(name, S, H, Hkv)
     odd = float((route.counts % 2 == 1).float().mean())  # lists ending in a half-masked tile
     outs = []
     # the CTAs' query blocks in sequence order and sorted by list length: the same rows
@@ -219,23 +227,11 @@ def test_ws_lists_row_sum_on_the_tensor_cores(name, ws_calls):
     13th) and at most half as far as the FP32 row sum of the same kernel (9.6e-3 / 1.6e-2 /
     8.0e-3: a kernel that ignored the flag would sit there), outputs within 5e-4 (at most
     2.6e-4)."""
-    from workbench.attention import SegmentLayout
-    from workbench.kernels import dispatch
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.config import SparseConfig
-    from workbench.kernels.quantize import quantize_qkv
-    from workbench.recipes import get_recipe
-    from workbench.synthetic import small_config, synthetic_qkv
 
-    S, H, Hkv = 4111, 4, 2
-    cfg = small_config(S, heads=H, kv_heads=Hkv, head_dim=128, rotated=96, seed=S)
-    q, k, v = synthetic_qkv(cfg, device="cuda")
-    k, v = k[:, :, :: H // Hkv].contiguous(), v[:, :, :: H // Hkv].contiguous()
-    layout = SegmentLayout(text=14, audio=100, video=S - 114)
-    rec = get_recipe(name)
-    mu_k, mu_v, v_amax, route = dispatch.sparse_routing(q, k, v, rec, layout, 128**-0.5)
-    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=rec.smooth_k,
-                       smooth_v=rec.smooth_v, v_bias_correction=rec.v_bias_correction)
+    H = 4
+    q, layout, rec, route, qkv = list_operands(name, 4111, H, 2)
 
     def run(schedule, row_sum, summary):
         sp = SparseConfig(kv_splits=1, schedule=schedule, summary_kernel=summary)
