@@ -147,11 +147,11 @@ def test_gpu_bench_plan_fits_six_minutes_and_refuses_bad_options(tmp_path):
     assert est["total_max_s"] <= 380, est
     assert gpu_bench.estimate_seconds(gpu_bench.SHAPES[:1], gpu_bench.RECIPES, [], 200,
                                       None)["bench_s"] < est["bench_s"]
-    # clock / power sampling: board_s more per timed row (4 shapes x 23 rows here)
+    # clock / power sampling: board_s more per timed row (4 shapes x 27 rows here)
     with_board = gpu_bench.estimate_seconds(gpu_bench.SHAPES, gpu_bench.RECIPES,
                                             ["sdpa_cudnn", "fa3_bf16", "fa3_fp8", "cudnn_fp8",
                                              "sage2_sm90"], 200, 200, board_s=2.0)
-    assert with_board["bench_s"] - est["bench_s"] == 4 * 23 * 2
+    assert with_board["bench_s"] - est["bench_s"] == 4 * 27 * 2
     assert gpu_bench.gpu_test_files() == ["tests/test_accumulator_gpu.py",
                                           "tests/test_kernels_gpu.py",
                                           "tests/test_kernels_ws_gpu.py"]
