@@ -50,9 +50,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     syn = replace(H3_SYNTHETIC, heads=a.heads)
     q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device="cuda"))
-    rec = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=1.0)
     if a.recipes:
         return compare_recipes(a, syn, q, k, v)
+    rec = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=1.0)
     cfgs = dict(sweep_configs(DEFAULT))
     unknown = [lab for lab in a.labels if lab not in cfgs]
     if unknown:
@@ -103,8 +103,7 @@ def compare_recipes(a, syn, q, k, v) -> int:
     dens = {}
     for name, r in recs.items():
         if r.sparsity != "dense":
-            route = sparse_routing(q, k, v, r, syn.layout, q.shape[-1] ** -0.5)[3]
-            dens[name] = float(route.exact.float().mean())
+            dens[name] = sparse_routing(q, k, v, r, syn.layout, q.shape[-1] ** -0.5)[3].density
     times = interleaved_ms(fns, rounds=a.rounds, rep_ms=a.rep_ms)
     rows = [{"recipe": n, "median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t),
              "rel_l2_f64": acc[n], "exact_density": dens.get(n, 1.0)} for n, t in times.items()]

@@ -68,6 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..recipes.recipe import ROW_SUMS  # every recipe row sum has a kernel form
 from .config import DEFAULT, AttentionConfig, SparseConfig
 from .e4m3 import interpreting, round_p_to_e4m3, round_to_bf16
 
@@ -75,8 +76,6 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The recipe's p_scaling -> c in P = 2^(s - m + c) (see the module docstring)
 P_LOG2_SCALES = {"unit": 0.0, "exp2_offset8": 8.0, "rowmax448": math.log2(448.0)}
-# the recipe row sums the kernels implement (recipes.ROW_SUMS)
-ROW_SUMS = ("p_fp32", "p_operand")
 
 
 @triton.jit

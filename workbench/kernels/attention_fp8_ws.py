@@ -11,7 +11,8 @@ P @ V's accumulation) the row sum is P @ ones on the tensor cores: an n = 8 prod
 E4M3 registers as P @ V into a fresh [64, 8] accumulator, its ones tile built from the byte 0x38
 (a tile of FP32 1.0 converted to E4M3 was written wrongly to shared memory by triton 3.6,
 ``scripts/gpu_small_n_mma_probe.py``); the Triton kernel adds the rounded P in FP32 instead, so
-the two differ by the MMA's truncation (LSEs within 5e-4). What differs is the schedule:
+the two differ by the MMA's truncation (LSEs 1.1e-4 apart at most in the GPU test). What
+differs is the schedule:
 - a CTA holds N_CONS = 3 x 64 query rows of one head; one producer warp loads each K / V tile once
   by TMA into a ring of STAGES shared-memory slots (mbarriers "ready" / "empty"), so the consumers
   issue no TMA loads, address arithmetic or barrier bookkeeping of their own beyond two waits and
@@ -111,6 +112,54 @@ def _p_operand(p8, a_layout: gl.constexpr, PERM_P: gl.constexpr):
 
 
 @gluon.jit
+def _ones_tile(N: gl.constexpr):
+    """P @ ones' B operand in shared memory: [8, N] E4M3 ones (read as [N, 8] through
+    ``.permute((1, 0))``), written from the byte 0x38 reinterpreted as E4M3. The same tile built
+    as FP32 1.0 converted to E4M3 read back wrong on the H200 with triton 3.6
+    (scripts/gpu_small_n_mma_probe.py); a tile of one repeated byte reads the same under every
+    swizzle. Allocated in the kernel's main body, before the partitions start (allocated inside
+    each consumer partition, the probe's form spilled)."""
+    fill: gl.constexpr = gl.BlockedLayout([1, N // 32], [1, 32], [4, 1], [1, 0])
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, N], gl.float8e4nv)
+    ones_bytes = gl.full([8, N], 0x38, gl.uint8, fill)
+    ones = gl.allocate_shared_memory(gl.float8e4nv, [8, N], layout,
+                                     ones_bytes.to(gl.float8e4nv, bitcast=True))
+    fence_async_shared()
+    return ones
+
+
+@gluon.jit
+def _ones_row_sums():
+    """The [64, 8] FP32 row sums of P @ ones (every column the row sum), zero, in the layout of
+    that product's accumulator."""
+    mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, 8, 32])
+    return gl.zeros([64, 8], gl.float32, mma8)
+
+
+@gluon.jit
+def _ones_product(p8, ones, ls=None):
+    """Issue P @ ones (async) for the E4M3 P in P @ V's A-operand registers: into a fresh
+    [64, 8] accumulator (ls None) or chained onto ls (the list kernel's second 64-key half)."""
+    mma8: gl.constexpr = _ones_row_sums().type.layout
+    a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma8, k_width=4)
+    a = gl.convert_layout(p8, a8, assert_trivial=True)
+    if ls is None:
+        ls = warpgroup_mma(a, ones, gl.zeros([64, 8], gl.float32, mma8), use_acc=False,
+                           is_async=True)
+    else:
+        ls = warpgroup_mma(a, ones, ls, is_async=True)
+    return ls
+
+
+@gluon.jit
+def _rescaled_row_sums(l_i, alpha, ls):
+    """The online softmax's l = l * alpha + this tile's sum, on [64, 8] row sums."""
+    return l_i * gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout),
+                                   assert_trivial=True)[:, None] + ls
+
+
+@gluon.jit
 def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
           offs_n, mma: gl.constexpr, a_layout: gl.constexpr, MASK_KEYS: gl.constexpr,
           P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, ones=None):
@@ -149,13 +198,8 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
         # the row sum of the E4M3 P that P @ V takes, from the same registers: P @ ones, a
         # 128-term chain into a fresh [64, 8] accumulator (every column the row sum), flushed
         # like P @ V; replaces 64 FADD and the row reduction's shuffles per tile
-        mma8: gl.constexpr = l_i.type.layout
-        a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma8, k_width=4)
-        ls = warpgroup_mma(gl.convert_layout(p8, a8, assert_trivial=True), ones,
-                           gl.zeros([64, 8], gl.float32, mma8), use_acc=False, is_async=True)
-        pv, ls = warpgroup_mma_wait(0, deps=(pv, ls))
-        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, mma8),
-                                      assert_trivial=True)[:, None] + ls
+        pv, ls = warpgroup_mma_wait(0, deps=(pv, _ones_product(p8, ones)))
+        l_i = _rescaled_row_sums(l_i, alpha, ls)
     mbarrier.arrive(empty.index(st), count=1)
     acc = acc * alpha[:, None] + pv
     return acc, l_i, m_cand
@@ -182,9 +226,7 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     qs = gl.load(SQ + bh * n_scale + gl.minimum(r0 // 64, n_scale - 1)) * qk_scale_log2
     m_i = gl.full([64], float("-inf"), gl.float32, row_l)
     if ROW_SUM_MMA:  # l_i [64, 8] in P @ ones' accumulator layout (see _tile)
-        mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, 8, 32])
-        l_i = gl.zeros([64, 8], gl.float32, mma8)
+        l_i = _ones_row_sums()
         ones = args[28].permute((1, 0))
     else:
         l_i = gl.zeros([64], gl.float32, row_l)
@@ -269,14 +311,7 @@ def _fp8_attn_ws_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=N_CONS)
     if ROW_SUM_MMA:
-        # P @ ones' B tile, [8, BLOCK_N] E4M3 ones, written before the partitions start. Its
-        # bytes are 0x38 reinterpreted: the same tile built as FP32 1.0 converted to E4M3 read
-        # back wrong on the H200 with triton 3.6 (scripts/gpu_small_n_mma_probe.py)
-        fill: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-        ones_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv)
-        ones_bytes = gl.full([8, BLOCK_N], 0x38, gl.uint8, fill)
-        ones = gl.allocate_shared_memory(gl.float8e4nv, [8, BLOCK_N], ones_l,
-                                         ones_bytes.to(gl.float8e4nv, bitcast=True))
+        ones = _ones_tile(BLOCK_N)  # P @ ones' B tile
     else:
         ones = q_bar  # unused
     fence_async_shared()

@@ -78,7 +78,11 @@ from .attention_fp8_ws import (
     CONSUMERS,
     LOG2E,
     MAXNREG,
+    _ones_product,
+    _ones_row_sums,
+    _ones_tile,
     _p_operand,
+    _rescaled_row_sums,
     _row_bias,
     _store_rows,
     descriptors,
@@ -317,15 +321,9 @@ def _pv_flush(p, alpha, acc, l_i, slot, args, mma: gl.constexpr, PERM_P: gl.cons
     else:
         # one 128-term chain into a fresh [64, 8] accumulator (every column the row sum),
         # flushed like P @ V; replaces 64 FADD and the row reduction's shuffles per tile
-        mma8: gl.constexpr = l_i.type.layout
-        a8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma8, k_width=4)
-        ls = warpgroup_mma(gl.convert_layout(p0, a8, assert_trivial=True), ones,
-                           gl.zeros([64, 8], gl.float32, mma8), use_acc=False, is_async=True)
-        ls = warpgroup_mma(gl.convert_layout(p1, a8, assert_trivial=True), ones, ls,
-                           is_async=True)
+        ls = _ones_product(p1, ones, _ones_product(p0, ones))
         pv, ls = warpgroup_mma_wait(0, deps=(pv, ls))
-        l_i = l_i * gl.convert_layout(alpha, gl.SliceLayout(1, mma8),
-                                      assert_trivial=True)[:, None] + ls
+        l_i = _rescaled_row_sums(l_i, alpha, ls)
     mbarrier.arrive(empty.index(slot), count=1)
     return acc * alpha[:, None] + pv, l_i
 
@@ -416,9 +414,7 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         qs = gl.load(SQ + bh * n_scale + qb) * qk_scale_log2
         m_i = gl.full([64], float("-inf"), gl.float32, rows)
         if ROW_SUM_MMA:
-            mma8: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 8, 32])
-            l_i = gl.zeros([64, 8], gl.float32, mma8)
+            l_i = _ones_row_sums()
             if SUM_TILES:  # the ones tile follows the lists' arguments (the kernel's comment)
                 ones = args[45].permute((1, 0))
             else:
@@ -529,16 +525,8 @@ def _fp8_attn_ws_lists_kernel(
             ORDER_STRIDE)
     if SUM_TILES:
         args = args + (ks_desc, vs_desc, SKC, EXACT, bias_smem, LAST_LOG2)
-    if ROW_SUM_MMA:
-        # P @ ones' B tile (row_sum "p_operand"), built from the byte 0x38 as the dense
-        # kernel's (attention_fp8_ws: the tile converted from FP32 1.0 read back wrong)
-        fill: gl.constexpr = gl.BlockedLayout([1, 2], [1, 32], [4, 1], [1, 0])
-        ones_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, 64], gl.float8e4nv)
-        ones_bytes = gl.full([8, 64], 0x38, gl.uint8, fill)
-        ones = gl.allocate_shared_memory(gl.float8e4nv, [8, 64], ones_l,
-                                         ones_bytes.to(gl.float8e4nv, bitcast=True))
-        fence_async_shared()
-        args = args + (ones,)
+    if ROW_SUM_MMA:  # P @ ones' B tile (row_sum "p_operand"), one per 64-key half
+        args = args + (_ones_tile(64),)
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
     gl.warp_specialize([
         (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
