@@ -11,7 +11,10 @@ float64 on the 64 evenly spaced rows of the sparse bench and on every prefix row
 input at the live shape (or the sparse bench's small layout at ``--seq-len``).
 
     python3 scripts/gpu_sol_prefix.py [--taus 1 1.247 0.3617] [--rounds 5] [--seq-len N]
-        [--out DIR]
+        [--recipes fp8_sol_kv_corrected fp8_sol_kv_corrected:row_sum=p_operand] [--out DIR]
+
+``--recipes``: the base recipes whose three prefix forms are timed (default the preset); the
+all-in-the-list-kernel form is timed for the first only.
 """
 
 from __future__ import annotations
@@ -46,8 +49,15 @@ def main(argv=None) -> int:
     p.add_argument("--rep-ms", type=int, default=200)
     p.add_argument("--seq-len", type=int, default=None,
                    help="the sparse bench's small synthetic layout at this length (default: H3)")
+    p.add_argument("--recipes", nargs="+", default=["fp8_sol_kv_corrected"],
+                   help="base Sol recipes (each with dense_prefix=true, as the preset)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    for name in args.recipes:
+        r = get_recipe(name)
+        if r.sparsity != "sol" or not r.dense_prefix:
+            p.error(f"--recipes {name!r}: a Sol recipe with dense_prefix=true (got sparsity="
+                    f"{r.sparsity!r}, dense_prefix={r.dense_prefix})")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     q, k, v, layout = sparse_inputs(SparseBenchConfig(heads=args.heads, seq_len=args.seq_len))
@@ -61,23 +71,32 @@ def main(argv=None) -> int:
           f"NVIDIA sol_attn: {why or 'loaded'}", flush=True)
     rows = []
     for tau in args.taus:
-        base = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=tau)
-        fns = {"ours, dense BF16 prefix rows": base,
-               "ours, prefix rows routed (dense_prefix=false)": base.with_(dense_prefix=False),
-               "ours, prefix blocks exact in FP8 (prefix_blocks_exact=true)":
-                   base.with_(dense_prefix=False, prefix_blocks_exact=True)}
+        fns = {}
+        for i, name in enumerate(args.recipes):
+            base = get_recipe(name).with_(sol_tau=tau)
+            tag = "" if i == 0 and len(args.recipes) == 1 else f" [{name}]"
+            fns[f"ours, dense BF16 prefix rows{tag}"] = base
+            fns[f"ours, prefix rows routed (dense_prefix=false){tag}"] = base.with_(
+                dense_prefix=False)
+            fns[f"ours, prefix blocks exact in FP8 (prefix_blocks_exact=true){tag}"] = \
+                base.with_(dense_prefix=False, prefix_blocks_exact=True)
         calls = {label: (lambda r=r: run_attention(q, k, v, r, layout=layout, backend="kernel"))
                  for label, r in fns.items()}
-        # the same rows all in the list kernel (SparseConfig.dense_rows_kernel=False)
+        # the same rows all in the list kernel (SparseConfig.dense_rows_kernel=False), first
+        # recipe only
+        first = get_recipe(args.recipes[0]).with_(sol_tau=tau, dense_prefix=False,
+                                                  prefix_blocks_exact=True)
         lists_only = replace(DEFAULT, sparse=replace(DEFAULT.sparse, dense_rows_kernel=False))
-        calls["ours, prefix blocks exact, list kernel only"] = (
-            lambda r=fns["ours, prefix blocks exact in FP8 (prefix_blocks_exact=true)"]:
-            dispatch.fp8_recipe_attention(q, k, v, r, layout=layout, config=lists_only))
+        tag = "" if len(args.recipes) == 1 else f" [{args.recipes[0]}]"
+        calls[f"ours, prefix blocks exact, list kernel only{tag}"] = (
+            lambda r=first: dispatch.fp8_recipe_attention(q, k, v, r, layout=layout,
+                                                          config=lists_only))
         if sol_attn is not None:
             calls["NVIDIA sol_attn (CuTe, BF16)"] = lambda tau=tau: sol_attn(
                 q, k, v, tau=tau, thresh_type="exact", sink_start=0, sink_tokens=prefix,
                 kv_splits=1)
-        density = dispatch.sparse_routing(q, k, v, base, layout, D ** -0.5)[3].density
+        density = dispatch.sparse_routing(q, k, v, get_recipe(args.recipes[0]).with_(
+            sol_tau=tau), layout, D ** -0.5)[3].density
         errs = {}
         for label, fn in calls.items():
             out = fn()
