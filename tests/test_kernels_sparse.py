@@ -398,8 +398,8 @@ hopper = pytest.mark.skipif(
     ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
     # Sol's summary route as E4M3 tiles of that kernel: one tile with a short last block, two
-    # tiles ending on a full one (8192 = 128 blocks of 64), a denser route; with a scaled P the
-    # route falls back to its own pass
+    # tiles ending on a full one (8192 = 128 blocks of 64), a denser route; with a scaled P (the
+    # first summary tile divides the exact tiles' state by 2^8)
     ((4111, 4, 2, 128), "fp8_sol_kv_corrected",
      SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
     ((8192, 2, 2, 128), "fp8_sol_kv_corrected",
@@ -471,6 +471,34 @@ def test_gpu_summary_tiles_skip_prefix_blocks_and_keep_the_lse():
     print(f"GPU summary tiles: {int((full != skipped).sum())} differ without the LSE; LSE max "
           f"|diff| vs the pass {diff:.2e}")
     assert torch.equal(full, skipped) and lse.isfinite().all() and 0 < diff < 0.02
+
+
+@pytest.mark.gpu
+@hopper
+def test_gpu_summary_tiles_with_a_scaled_p_agree_with_the_summary_pass():
+    """With ``p_scaling="exp2_offset8"`` the exact tiles' state is 2^8 times the unit P's and
+    the summary tiles (whose P stays 256 w) divide it back before adding their blocks: against
+    the summary as its own pass (which merges in log2 units) the tiles stay as close as with the
+    unit P (a missing or doubled factor 2^8 would weigh the route's blocks 256x off), the
+    output without the LSE equals the LSE-writing call's bitwise, and the LSE (natural log)
+    is the pass's to 0.02 as for the unit P."""
+    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=5, prefix=(14, 100), device="cuda")
+    tiles = DEFAULT.with_sparse(summary_kernel="fp8_tiles", kv_splits=1)
+    pass_cfg = DEFAULT.with_sparse(summary_kernel="gluon", kv_splits=1)
+    gaps = {}
+    for p_scaling in ("unit", "exp2_offset8"):
+        name = f"fp8_sol_kv_corrected:p_scaling={p_scaling},row_sum=p_operand"
+        a, lse_a = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=tiles,
+                                                 return_lse=True)
+        a0 = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=tiles)
+        b, lse_b = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout,
+                                                 config=pass_cfg, return_lse=True)
+        assert torch.equal(a, a0), p_scaling
+        gaps[p_scaling] = (rel_l2(a, b), float((lse_a - lse_b).abs().max()))
+    print(f"GPU summary tiles vs pass (rel-L2, LSE max |diff|): {gaps}")
+    (g_unit, l_unit), (g_scaled, l_scaled) = gaps["unit"], gaps["exp2_offset8"]
+    assert 0 < g_scaled < 1.5 * g_unit + 1e-4 and g_scaled < 0.01, gaps
+    assert l_scaled < 0.02 and l_unit < 0.02, gaps
 
 
 @pytest.mark.gpu

@@ -846,8 +846,7 @@ class _SparseLaunch:
 
         ws = ws_lists.applies(qkv, sparse, splits, c)
         # Sol's summary route as E4M3 tiles of the warp-specialized kernel, or its own pass
-        tiles = (ws and routing.kc is not None and sparse.summary_kernel == "fp8_tiles"
-                 and p_scaling == "unit")
+        tiles = ws and routing.kc is not None and sparse.summary_kernel == "fp8_tiles"
         cst = dict(SPARSE=True)
         kc = vcs = lens = order = part_o = part_ml = None
         sum_cst = None

@@ -36,8 +36,14 @@ weight times 64 rows in FP32 (the sequence's last block of n rows: its weight ca
 through its score bias and its vc8 column is its sum times 64 / n, so no tile is special).
 With ``row_sum="p_operand"`` the exact tiles' row sum is P @ ones on the tensor cores, one n = 8
 product per 64-key half (``_pv_flush``, as the dense kernel's); the summary tiles keep their FP32
-sum of the weights, as the twin's summary route does.
-Where this kernel does not run, or with a scaled P, the route is its own pass
+sum of the weights, as the twin's summary route does. With a scaled P (``exp2_offset8``: the
+exact tiles' P is 2^(s - m + 8)) the first summary tile divides the state (acc, l) by that
+factor with its rescale, exactly (a power of two), and the summary tiles and the epilogue run
+as for the unit P (the same acc / l; the LSE is not offset again). Offline, as the H3 launch
+compiles: multiplying each summary product by 2^8 in the flush instead cost 64 instructions per
+summary tile (592 against 528), and dividing the state after the exact loop made ptxas spill
+8-20 instructions per exact tile.
+Where this kernel does not run, the route is its own pass
 (``summary_gluon`` or the Triton kernel's), whose state this kernel merges (``INIT_SUMMARY``).
 The twin's route is FP32; E4M3 operands moved the H3 anchor's error against float64 from
 6.493e-3 (the BF16 pass) to 6.499e-3 (twin 6.501e-3), and on the CPU twin the weights without
@@ -361,7 +367,7 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
 
 @gluon.jit
 def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.constexpr,
-              PERM_P: gl.constexpr):
+              PERM_P: gl.constexpr, P_LOG2_SCALE: gl.constexpr):
     """Summary tile u (running tile t) of consumer c: key blocks 128 u .. 128 u + 127 by their
     E4M3 mean keys kc8 (one scale skc per head) and value sums vc8 = vc / (256 s_v); the
     producer put the tile's score bias in shared memory (-inf for an exact block and past the
@@ -369,7 +375,9 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     2^(s - m + 8) = 256 w in E4M3 for the product with vc8; the row sum adds w times 64 rows
     per block in FP32 (the last block's n / 64 is in its w, its vc8 holds its sum times 64 / n:
     no tile of the loop is special; a peeled last tile that scaled its block's share of the row
-    sum took ~2,400 more cycles per consumer, H200 2026-12-02)."""
+    sum took ~2,400 more cycles per consumer, H200 2026-12-02). P_LOG2_SCALE: the exact tiles'
+    P scaling; the first summary tile divides the state by it with its rescale (the module
+    note)."""
     bias_smem = args[43]
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     raw, slot = _qk_scores(t, q, c, args, mma)
@@ -378,6 +386,8 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     raw = raw + bias_smem.index(slot).load(cols)[None, :]
     m_cand = gl.maximum(m_i, gl.max(raw, axis=1) * skc)
     mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
+    if P_LOG2_SCALE != 0.0:
+        alpha = alpha * gl.where(u == 0, 2.0**-P_LOG2_SCALE, 1.0)
     p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),
                        -gl.broadcast((mq - 8.0)[:, None], raw)[0]))
     ls = gl.sum(p, axis=1)
@@ -436,12 +446,13 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
                                          args, mma, P_LOG2_SCALE, PERM_P, ones)
         if ROW_SUM_MMA:  # every column holds the row sum
             l_i = gl.convert_layout(gl.max(l_i, axis=1), rows, assert_trivial=True)
+        P_EPILOGUE: gl.constexpr = 0.0 if SUM_TILES else P_LOG2_SCALE
         if SUM_TILES:  # Sol's summary tiles after the exact ones (m_i is finite by then)
             n_sum = gl.cdiv(args[31], 128)
             skc = gl.load(args[41] + args[19])
             for u in range(n_sum):
                 acc, l_i, m_i = _sum_tile(u, n_all + u, acc, l_i, m_i, q, qs, skc, c, args, mma,
-                                          PERM_P)
+                                          PERM_P, P_LOG2_SCALE)
         r0 = qb * 64
         if INIT_SUMMARY:
             # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
@@ -457,7 +468,7 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
                 * a_s[:, None]
             l_i = l_i * a_x + gl.load(SUM_ML + N_BH * S_pad + srow) * a_s
             m_i = mm / qs
-        _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
+        _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_EPILOGUE, WRITE_LSE, OUT_F32)
 
 
 # GROUP stays a run-time int: at an MHA launch (GROUP = 1) triton made it a constant, and the
@@ -669,8 +680,8 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
                            summary: SummaryTiles | None = None, row_sum: str = "p_fp32"):
     """The exact tiles of block-sparse attention on the warp-specialized schedule, into `out`
     (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge, or
-    ``summary``: Sol's summary route as E4M3 tiles after each consumer's exact tiles (unit P
-    scaling; ``SparseConfig.summary_kernel="fp8_tiles"``); grouping: which query blocks share a
+    ``summary``: Sol's summary route as E4M3 tiles after each consumer's exact tiles
+    (``SparseConfig.summary_kernel="fp8_tiles"``); grouping: which query blocks share a
     CTA (``query_order``); row_sum: "p_fp32" or "p_operand" (the exact tiles' row sum as
     P @ ones on the tensor cores)."""
     from .attention_fp8 import ROW_SUMS
@@ -685,8 +696,8 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
     grid = (triton.cdiv(nq, CONSUMERS), B * H)
     tiles = (None,) * 4 + (0.0,)
     if summary is not None:
-        if p_log2_scale != 0.0 or sum_o is not None:
-            raise ValueError("summary tiles: unit P scaling only, and no summary-pass state")
+        if sum_o is not None:
+            raise ValueError("summary tiles: no summary-pass state to merge as well")
         f8 = gl.float8e4nv
         nk_pad = summary.kc8.shape[2]
         ks = TensorDescriptor.from_tensor(summary.kc8.view(-1, D), [64, D],
