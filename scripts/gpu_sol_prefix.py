@@ -71,10 +71,10 @@ def main(argv=None) -> int:
           f"NVIDIA sol_attn: {why or 'loaded'}", flush=True)
     rows = []
     for tau in args.taus:
+        bases = [get_recipe(name).with_(sol_tau=tau) for name in args.recipes]
         fns = {}
-        for i, name in enumerate(args.recipes):
-            base = get_recipe(name).with_(sol_tau=tau)
-            tag = "" if i == 0 and len(args.recipes) == 1 else f" [{name}]"
+        for name, base in zip(args.recipes, bases):
+            tag = "" if len(bases) == 1 else f" [{name}]"
             fns[f"ours, dense BF16 prefix rows{tag}"] = base
             fns[f"ours, prefix rows routed (dense_prefix=false){tag}"] = base.with_(
                 dense_prefix=False)
@@ -84,19 +84,16 @@ def main(argv=None) -> int:
                  for label, r in fns.items()}
         # the same rows all in the list kernel (SparseConfig.dense_rows_kernel=False), first
         # recipe only
-        first = get_recipe(args.recipes[0]).with_(sol_tau=tau, dense_prefix=False,
-                                                  prefix_blocks_exact=True)
         lists_only = replace(DEFAULT, sparse=replace(DEFAULT.sparse, dense_rows_kernel=False))
-        tag = "" if len(args.recipes) == 1 else f" [{args.recipes[0]}]"
+        tag = "" if len(bases) == 1 else f" [{args.recipes[0]}]"
         calls[f"ours, prefix blocks exact, list kernel only{tag}"] = (
-            lambda r=first: dispatch.fp8_recipe_attention(q, k, v, r, layout=layout,
-                                                          config=lists_only))
+            lambda r=bases[0].with_(dense_prefix=False, prefix_blocks_exact=True):
+            dispatch.fp8_recipe_attention(q, k, v, r, layout=layout, config=lists_only))
         if sol_attn is not None:
             calls["NVIDIA sol_attn (CuTe, BF16)"] = lambda tau=tau: sol_attn(
                 q, k, v, tau=tau, thresh_type="exact", sink_start=0, sink_tokens=prefix,
                 kv_splits=1)
-        density = dispatch.sparse_routing(q, k, v, get_recipe(args.recipes[0]).with_(
-            sol_tau=tau), layout, D ** -0.5)[3].density
+        density = dispatch.sparse_routing(q, k, v, bases[0], layout, D ** -0.5)[3].density
         errs = {}
         for label, fn in calls.items():
             out = fn()

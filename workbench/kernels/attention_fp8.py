@@ -191,10 +191,9 @@ def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
         l_i = l_i * alpha + (tl.sum(p0, axis=1) + tl.sum(p1, axis=1))
     p0 = _round_p(p0, ROUND_P)
     p1 = _round_p(p1, ROUND_P)
-    if ROW_SUM_P:  # the rounded P, as _softmax_pv
-        pr0 = p0 if ROUND_P != 0 else round_p_to_e4m3(p0)
-        pr1 = p1 if ROUND_P != 0 else round_p_to_e4m3(p1)
-        l_i = l_i * alpha + (tl.sum(pr0, axis=1) + tl.sum(pr1, axis=1))
+    if ROW_SUM_P:
+        l_i = l_i * alpha + (tl.sum(_p_on_grid(p0, ROUND_P), axis=1)
+                             + tl.sum(_p_on_grid(p1, ROUND_P), axis=1))
     v0 = tl.trans(vd.load([vbase, j0 * SCALE_BLOCK]))
     v1 = tl.trans(vd.load([vbase, j1 * SCALE_BLOCK]))
     if PV_FMA:
@@ -315,12 +314,7 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
     m_i = m_cand
     p = _round_p(p, ROUND_P)
     if ROW_SUM_P:
-        # the interpreter's P is on the grid already. On the GPU the rounding is bit arithmetic
-        # on the FP32 P, not p.to(e4m3).to(fp32): with that second E4M3 copy of P beside P @ V's
-        # operand the kernel's outputs were wrong on the H200 (rel-L2 1.02 against the
-        # warp-specialized kernel, whole rows zero; 2026-12-02, ffc8249)
-        pr = p if ROUND_P != 0 else round_p_to_e4m3(p)
-        l_i = l_i * alpha + tl.sum(pr, axis=1)
+        l_i = l_i * alpha + tl.sum(_p_on_grid(p, ROUND_P), axis=1)
     if PV_FMA:
         # This tile's P @ V (one BLOCK_N-long FP8 chain) lands in a fresh accumulator and is
         # flushed into the FP32 output accumulator by one FMA with the rescale: the per-tile flush
@@ -344,6 +338,18 @@ def _round_p(p, ROUND_P: tl.constexpr):
         p = round_p_to_e4m3(p)
     elif ROUND_P == 2:
         p = round_to_bf16(p)
+    return p
+
+
+@triton.jit
+def _p_on_grid(p, ROUND_P: tl.constexpr):
+    """The FP32 values of the E4M3 P that P @ V takes (the row sum "p_operand"), from
+    ``_round_p``'s output: the interpreter's P is on the grid already. On the GPU the rounding is
+    bit arithmetic on the FP32 P, not p.to(e4m3).to(fp32): with that second E4M3 copy of P
+    beside P @ V's operand the kernel's outputs were wrong on the H200 (rel-L2 1.02 against the
+    warp-specialized kernel, whole rows zero; 2026-12-02, ffc8249)."""
+    if ROUND_P == 0:
+        p = round_p_to_e4m3(p)
     return p
 
 

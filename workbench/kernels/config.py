@@ -188,10 +188,9 @@ class SparseConfig:
     consumer's exact blocks masked by a score bias (``attention_fp8_ws_lists.summary_tiles``:
     kc / skc with one scale per head, vc / (256 s_v), P = 2^(s - m + 8); with a scaled P the
     first summary tile divides the state by its factor; where that kernel does not run,
-    "gluon"). No
-    summary state goes through memory (the pass's FP32 state is 0.94 GB at the H3 shape,
-    written once and read once). H200, H3 shape, same runs
-    (2026-12-01): whole calls at Sol tau 1 (density 0.149) 10.026 / 9.967 ms against 10.206 /
+    "gluon"). No summary state goes through memory (the pass's FP32 state is 0.94 GB at the H3
+    shape, written once and read once). H200, H3 shape, same runs (2026-12-01): whole calls
+    at Sol tau 1 (density 0.149) 10.026 / 9.967 ms against 10.206 /
     10.356 for the Gluon pass (medians of 7 / 11 interleaved rounds), at tau 1.247 (density
     0.10) 8.009 vs 8.519, at tau 0.36 (density 0.35) 17.807 vs 17.621; rel-L2 vs float64 at
     tau 1 6.499e-3 against 6.493e-3 (the twin's FP32 route: 6.501e-3).
