@@ -248,26 +248,6 @@ def test_prefix_blocks_skipped_without_lse_same_output(name):
 
 
 @cpu_only
-def test_head_groups_give_the_one_group_bits():
-    """A call in groups of K/V heads (``AttentionConfig.head_groups``; without CUDA the groups
-    run one after the other) gives the one-group call's output and LSE bit for bit: every pass is
-    per head, and each group's rows land in their own heads of the output (GQA: 4 query heads
-    on 2 K/V heads, so 3 groups become 2)."""
-    q, k, v, layout = synthetic(300, 4, 2, 64, seed=3, prefix=(14, 40))
-    for name in ("fp8_sol_kv_corrected", "fp8_dense_kv_corrected:dense_prefix=true"):
-        one, lse1 = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, return_lse=True)
-        for groups in (2, 3):
-            cfg = DEFAULT.with_attention(head_groups=groups)
-            out, lse = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout,
-                                                     return_lse=True, config=cfg)
-            assert torch.equal(out, one) and torch.equal(lse, lse1), (name, groups)
-    with pytest.raises(ValueError, match="head_groups"):
-        DEFAULT.with_attention(head_groups=0)
-    with pytest.raises(ValueError, match="head_group_priority"):
-        DEFAULT.with_attention(head_group_priority="low")
-
-
-@cpu_only
 def test_summary_tiles_round_the_route_operands_as_documented():
     """The E4M3 operands of Sol's summary route as tiles of the list kernel (``summary_tiles``,
     host side): kc8 * skc and vc8 * 256 s_v decode to the routing's FP32 block means and sums
@@ -691,31 +671,6 @@ def test_gpu_prefix_blocks_exact_rows_are_the_dense_fp8_rows(name, monkeypatch):
     for _ in range(2):  # the side stream's rows are joined before the call returns
         assert torch.equal(fp8_attention_fwd(qkv, routing=route, sparse=one_part, **kw)[0],
                            split)
-
-
-@pytest.mark.gpu
-@hopper
-@pytest.mark.parametrize("priority", ["same", "attention", "prep"])
-def test_gpu_head_groups_give_the_one_group_bits(priority):
-    """Calls in 2 and 3 groups of K/V heads (each group's passes on the prep stream, its attention
-    on a stream of its own) give the one-group call's bits, output and LSE, for the dense and
-    sparse recipes with their side streams (BF16 prefix rows, exact prefix blocks), twice in a row
-    (the streams' memory is reused safely)."""
-    q, k, v, layout = synthetic(4111, 8, 4, 128, seed=3, prefix=(14, 100), device="cuda")
-    for name in ("fp8_sol_kv_corrected", "fp8_dense_kv_corrected:dense_prefix=true",
-                 "fp8_dense_kv_corrected:row_sum=p_operand",
-                 "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3",
-                 PREFIX_EXACT + ",p_scaling=exp2_offset8,row_sum=p_operand"):
-        one = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
-        _, lse1 = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, return_lse=True)
-        for groups in (2, 3):
-            cfg = DEFAULT.with_attention(head_groups=groups, head_group_priority=priority)
-            for _ in range(2):
-                out = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=cfg)
-                assert torch.equal(out, one), (name, groups)
-            _, lse = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout,
-                                                   return_lse=True, config=cfg)
-            assert torch.equal(lse, lse1), (name, groups)
 
 
 @pytest.mark.gpu

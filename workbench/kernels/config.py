@@ -35,7 +35,6 @@ from dataclasses import dataclass, field, replace
 
 FLUSHES = ("fma", "triton")
 SCHEDULES_DENSE = ("programs", "warp_specialized")
-HEAD_GROUP_PRIORITIES = ("same", "attention", "prep")
 
 
 @dataclass(frozen=True)
@@ -71,13 +70,6 @@ class AttentionConfig:
     # (False: after them, on the caller's stream); the same values either way. H200, Sol at
     # density 0.149 (2026-12-01): 11.36 vs 11.70 ms
     prefix_stream: bool = True
-    # the call's passes in this many groups of K/V heads (CUDA only): each group's statistics or
-    # routing and quantizer on one prep stream, in group order, and its attention on a stream of
-    # its own, so that the memory-bound passes of group g + 1 run beside the attention of group
-    # g; the same values bit for bit (every pass is per head). head_group_priority: which side
-    # gets the higher CUDA stream priority ("same", "attention", "prep")
-    head_groups: int = 1
-    head_group_priority: str = "same"
 
     @property
     def dense_schedule(self) -> str:
@@ -90,12 +82,6 @@ class AttentionConfig:
         if self.schedule not in SCHEDULES_DENSE:
             raise ValueError(f"AttentionConfig.schedule: {self.schedule!r}; choose one of "
                              f"{SCHEDULES_DENSE}")
-        if self.head_groups < 1:
-            raise ValueError(f"AttentionConfig.head_groups: {self.head_groups} is not >= 1")
-        if self.head_group_priority not in HEAD_GROUP_PRIORITIES:
-            raise ValueError(f"AttentionConfig.head_group_priority: "
-                             f"{self.head_group_priority!r}; choose one of "
-                             f"{HEAD_GROUP_PRIORITIES}")
         if self.flush not in FLUSHES:
             raise ValueError(f"AttentionConfig.flush: {self.flush!r}; choose one of {FLUSHES}")
         if self.block_n not in (64, 128):

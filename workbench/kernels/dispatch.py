@@ -149,90 +149,6 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
               return_lse: bool, config: KernelConfig):
     """Statistics or routing, the quantizer and the FP8 attention of rows >= prefix:
     (out [B, S, H, D] with rows < prefix unwritten, lse or None)."""
-    groups = min(config.attention.head_groups, k.shape[2])
-    if groups > 1:
-        return _fp8_rows_head_groups(q, k, v, recipe, layout, scale, prefix, return_lse, config,
-                                     groups)
-    out = torch.empty_like(q)
-    return _fp8_rows_into(q, k, v, out, None, recipe, layout, scale, prefix, return_lse,
-                          config)
-
-
-_PRIORITIES = {"same": (0, 0), "attention": (0, -1), "prep": (-1, 0)}  # (prep, attention)
-
-
-def _fp8_rows_head_groups(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: int,
-                          return_lse: bool, config: KernelConfig, groups: int):
-    """``_fp8_rows`` in `groups` groups of K/V heads (``AttentionConfig.head_groups``): each
-    group's statistics or routing and quantizer on the prep stream in group order, its attention
-    on a stream of its own after them, so that the memory-bound passes of group g + 1 run beside
-    the attention of group g. Every pass is per head, so the values are the one-group call's
-    (without CUDA: the groups one after the other)."""
-    B, S, H, _ = q.shape
-    hkv = k.shape[2]
-    per = H // hkv
-    edges = [round(i * hkv / groups) for i in range(groups + 1)]
-    out = torch.empty_like(q)
-    lse = torch.empty((B, H, S), dtype=torch.float32, device=q.device) if return_lse else None
-    if not q.is_cuda:
-        for a, b in zip(edges, edges[1:]):
-            rows = slice(a * per, b * per)
-            _fp8_rows_into(q[:, :, rows], k[:, :, a:b], v[:, :, a:b], out[:, :, rows],
-                           None if lse is None else lse[:, rows], recipe, layout, scale, prefix,
-                           return_lse, config)
-        return out, lse
-    dev = streams.device_index(q)
-    p_prep, p_att = _PRIORITIES[config.attention.head_group_priority]
-    main = torch.cuda.current_stream(q.device)
-    prep = streams.pool_stream(dev, 0, p_prep)
-    prep.wait_stream(main)
-    used = []
-    try:
-        for i in range(groups):
-            a, b = edges[i], edges[i + 1]
-            rows = slice(a * per, b * per)
-            att = streams.pool_stream(dev, 1 + i, p_att)
-            att.wait_stream(main)  # out and lse were allocated on the caller's stream
-            with torch.cuda.stream(prep):
-                operands = _fp8_operands(q[:, :, rows], k[:, :, a:b], v[:, :, a:b], recipe,
-                                         layout, scale, config)
-            att.wait_stream(prep)
-            with torch.cuda.stream(att):
-                _fp8_attend(operands, H=b * per - a * per, out=out[:, :, rows],
-                            lse=None if lse is None else lse[:, rows], recipe=recipe,
-                            scale=scale, prefix=prefix, return_lse=return_lse, config=config)
-            for t in _tensors(operands):  # made on the prep stream, read on this one
-                t.record_stream(att)
-            used.append(att)
-    finally:  # join every stream even when a pass raises: they still read q, k, v
-        main.wait_stream(prep)
-        for att in used:
-            main.wait_stream(att)
-    return out, lse
-
-
-def _tensors(obj):
-    """The CUDA tensors held by `obj` (tuples and dataclasses of tensors, recursively)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from _tensors(x)
-    elif dataclasses.is_dataclass(obj):
-        for f in dataclasses.fields(obj):
-            yield from _tensors(getattr(obj, f.name))
-
-
-def _fp8_rows_into(q, k, v, out, lse, recipe: AttentionRecipe, layout, scale: float,
-                   prefix: int, return_lse: bool, config: KernelConfig):
-    operands = _fp8_operands(q, k, v, recipe, layout, scale, config)
-    return _fp8_attend(operands, H=q.shape[2], out=out, lse=lse, recipe=recipe, scale=scale,
-                       prefix=prefix, return_lse=return_lse, config=config)
-
-
-def _fp8_operands(q, k, v, recipe: AttentionRecipe, layout, scale: float,
-                  config: KernelConfig):
-    """(quantized or BF16 operands, routing or None): what the attention pass reads."""
     route = None
     if recipe.sparsity == "dense":
         st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
@@ -247,20 +163,11 @@ def _fp8_operands(q, k, v, recipe: AttentionRecipe, layout, scale: float,
         qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                            smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
                            config=config.quant)
-    return qkv, route
-
-
-def _fp8_attend(operands, *, H: int, out, lse, recipe: AttentionRecipe, scale: float,
-                prefix: int, return_lse: bool, config: KernelConfig):
-    """The FP8 attention pass of ``_fp8_operands``' result into `out` (and `lse` when given)."""
-    qkv, route = operands
-    o, lse_new = fp8_attention_fwd(qkv, num_heads=H, scale=scale, out=out, row_start=prefix,
-                                   return_lse=return_lse, p_scaling=recipe.p_scaling,
-                                   row_sum=recipe.row_sum, config=config.attention,
-                                   routing=route, sparse=config.sparse)
-    if lse is not None and lse_new is not None:
-        lse.copy_(lse_new)
-    return o, lse_new if lse is None else lse
+    out = torch.empty_like(q)
+    return fp8_attention_fwd(qkv, num_heads=q.shape[2], scale=scale, out=out, row_start=prefix,
+                             return_lse=return_lse, p_scaling=recipe.p_scaling,
+                             row_sum=recipe.row_sum, config=config.attention, routing=route,
+                             sparse=config.sparse)
 
 
 def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,

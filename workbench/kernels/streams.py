@@ -18,11 +18,3 @@ def side_stream(device_index: int) -> torch.cuda.Stream:
 def device_index(t: torch.Tensor) -> int:
     """The CUDA device index of a tensor (the current device for an index-less one)."""
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
-
-
-@functools.lru_cache(maxsize=None)
-def pool_stream(device_index: int, slot: int, priority: int = 0) -> torch.cuda.Stream:
-    """Stream `slot` of one device at a CUDA stream priority (lower = higher; 0 the default),
-    the same stream every call: the head-group passes of ``dispatch`` (a prep stream, one
-    attention stream per group), each ordered by its call's waits."""
-    return torch.cuda.Stream(device=device_index, priority=priority)
