@@ -47,6 +47,37 @@ def is_capture_store(path: str | os.PathLike) -> bool:
     return p.is_dir() and store_schema_of(p) == SCHEMA_NAME
 
 
+_ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
+
+
+def _outermost_store(path: Path) -> Path | None:
+    found = None
+    for d in (path, *path.parents):
+        if d.is_dir() and any((d / m).is_file() for m in _ZARR_MARKERS):
+            found = d
+    return found
+
+
+def enclosing_store(path: str | os.PathLike) -> Path | None:
+    """The outermost directory at or above ``path`` (made absolute; symlinks followed too) that
+    is a zarr store of any kind (a ``zarr.json``, ``.zgroup`` or ``.zarray`` in it), or None. A
+    file or store written below it would land inside that store's tree."""
+    p = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(p))
+    return _outermost_store(p) or (_outermost_store(real) if real != p else None)
+
+
+def check_not_inside_store(path: str | os.PathLike, flag: str = "") -> None:
+    """Refuse ``path`` when a folder above it is a zarr store (``enclosing_store`` of its
+    parent): writing there would change that store. Names both paths."""
+    p = Path(path)
+    where = f"{flag} {p}" if flag else str(p)
+    outer = enclosing_store(Path(os.path.abspath(p)).parent)
+    if outer is not None:
+        raise CaptureStoreError(f"{where}: lies inside the zarr store {outer}; writing there "
+                                "would change that store: choose a path outside it")
+
+
 def foreign_names(store: Path, limit: int = 5) -> list[str]:
     """Top-level entries of ``store`` that a capture store does not own (at most ``limit``)."""
     out = []
