@@ -225,6 +225,53 @@ def test_archive_onto_a_store_needs_overwrite_and_swaps_only_on_success(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["A.zarr", "X.zarr"]
 
 
+def test_no_writer_puts_a_store_inside_another_store(tmp_path, capsys):
+    """capture, import and archive refuse a destination inside an existing zarr store (the outer
+    store would no longer verify), naming the outer store; nothing in it changes."""
+    src = small_store(tmp_path / "X.zarr")
+    before = digest(src)
+    inner = src / "entries" / "s00000" / "nested.zarr"
+    rc, _, err = cli(capsys, "capture", "--model", "h3-tiny", "--out", inner, "--layers", "0",
+                     "--steps", "0", "--quiet")
+    one_line_error(rc, err, "capture", str(inner), "inside the zarr store", str(src.resolve()))
+    other = small_store(tmp_path / "Y.zarr")
+    rc, _, err = cli(capsys, "archive", other, src / "a.zarr")
+    one_line_error(rc, err, "archive", "inside the zarr store", str(src.resolve()))
+    acts = tmp_path / "acts.pt"
+    torch.save({"q": torch.randn(1, 8, 2, 4), "k": torch.randn(1, 8, 2, 4),
+                "v": torch.randn(1, 8, 2, 4)}, acts)
+    rc, _, err = cli(capsys, "import", acts, "--out", src / "imported.zarr")
+    one_line_error(rc, err, "import", "inside the zarr store", str(src.resolve()))
+    with pytest.raises(CaptureStoreError, match="inside the zarr store"):
+        small_store(src / "entries" / "lib.zarr")
+    assert digest(src) == before
+
+
+def test_overwrite_through_a_symlink_is_refused_and_the_target_kept(tmp_path, capsys):
+    real = small_store(tmp_path / "elsewhere" / "real.zarr")
+    before = digest(real)
+    link = tmp_path / "lnk.zarr"
+    link.symlink_to(real, target_is_directory=True)
+    for extra in (["--overwrite"], ["--resume"], []):
+        rc, _, err = cli(capsys, "capture", "--model", "h3-tiny", "--out", link, "--layers",
+                         "0", "--steps", "0", "--quiet", *extra)
+        one_line_error(rc, err, "capture", str(link), "symbolic link", str(real))
+    assert link.is_symlink() and digest(real) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "lnk.zarr"]
+
+
+def test_inspect_names_the_store_an_interrupted_overwrite_kept(tmp_path, capsys):
+    """A writer killed between moving the old store aside and finishing leaves it in a hidden
+    sibling; inspect says where, so the user can take it back."""
+    store = small_store(tmp_path / "big.zarr", n=1)
+    kept = small_store(tmp_path / ".big.zarr.replaced-123-456")
+    rc, out, _ = cli(capsys, "inspect", store)
+    assert rc == 0 and f"replaced store kept: {kept}" in out
+    shutil.rmtree(kept)
+    rc, out, _ = cli(capsys, "inspect", store)
+    assert rc == 0 and "replaced store kept" not in out
+
+
 # -- 2. a deleted chunk is an error, not zeros ------------------------------------------------
 
 @pytest.mark.parametrize("kw", [{}, {"direct_writes": False}, {"compressor": "zstd:3"}],

@@ -11,6 +11,7 @@ from workbench.layout import SegmentLayout, channel_groups
 from .lock import describe_holder, holder_is_stale, read_holder
 from .replay import CaptureReader, open_capture
 from .schema import CaptureStoreError
+from .storefs import replaced_leftovers
 
 MAX_STAT_ROWS = 4096  # norms use at most this many evenly spaced token rows per entry
 
@@ -102,6 +103,9 @@ def inspect_store(path, stats: bool = True, strict: bool = True) -> str:
         f"seed: {a.get('seed')}  prompt: {a.get('prompt')!r}",
         f"recipe: {_recipe_name(a.get('recipe'))}",
     ]
+    for old in replaced_leftovers(path):
+        lines.append(f"replaced store kept: {old} (an --overwrite of this store was interrupted "
+                     "before it finished; that folder holds the store it replaced)")
     holder = read_holder(path)
     if holder:
         lines.append(("writer lock: left by a writer that is gone (stale), " if holder_is_stale(

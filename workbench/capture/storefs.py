@@ -106,9 +106,15 @@ def check_target(path: str | os.PathLike, *, resume: bool = False, overwrite: bo
     """
     p = Path(path)
     where = f"{flag} {p}" if flag else str(p)
+    if p.is_symlink():
+        # replacing through a link would empty the store it points at and leave a folder where
+        # the link was; resuming would write a store other than the one named
+        raise CaptureStoreError(f"{where}: is a symbolic link (to {os.readlink(p)}); give the "
+                                "real path of the store")
     if p.exists() and not p.is_dir():
         raise CaptureStoreError(f"{where}: exists and is not a directory; a capture store is a "
                                 f"directory: choose another path")
+    check_not_inside_store(p, flag)
     if not p.exists():
         for parent in p.parents:  # the nearest existing ancestor must be a writable directory
             if parent.exists():
@@ -140,6 +146,15 @@ def check_target(path: str | os.PathLike, *, resume: bool = False, overwrite: bo
             f"; --overwrite would delete them: move them out first"
         )
     return "replace"
+
+
+def replaced_leftovers(path: str | os.PathLike) -> list[Path]:
+    """Stores an interrupted ``--overwrite`` of ``path`` left beside it (``sibling(path,
+    "replaced")``: the writer was killed before it could put the old store back or delete it)."""
+    p = Path(os.path.abspath(path))
+    if not p.parent.is_dir():
+        return []
+    return sorted(x for x in p.parent.glob(f".{p.name}.replaced-*") if x.is_dir())
 
 
 def remove_store_files(store: Path, keep_lock: bool = False) -> None:
