@@ -10,7 +10,11 @@ Rules (every writer: capture, resume, overwrite, archive):
   ``entries/`` and the writer lock at the top level) is not replaced either: those files would go
   with it;
 - a store is replaced by building the new one beside it (a temporary sibling) and swapping, so a
-  failure leaves the old store intact.
+  failure leaves the old store intact; a writer killed in between leaves the old store in the
+  sibling ``.NAME.replaced-*``, which ``inspect`` names;
+- a destination inside another zarr store (a folder above it holds ``zarr.json``), or given as a
+  symbolic link, is refused: the outer store would stop verifying; replacing through a link would
+  empty the store it points at.
 
 Removal only ever deletes the store-owned names (``STORE_NAMES``), never a whole tree blindly.
 """
