@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from workbench.cli_args import parse_int_list
@@ -68,19 +70,68 @@ def plan_grid_text(plan, steps, layers) -> str:
     return "\n".join(rows)
 
 
+def is_plan_file(path: Path) -> bool:
+    """A file holding a plan JSON (the ``workbench_plan`` key), as ``workbench plan`` writes."""
+    from workbench.recipes.plan import PLAN_MARKER
+
+    try:
+        # a plan is small: a big file is something else, and is not read whole to find out
+        if not path.is_file() or path.stat().st_size > 64 * 2**20:
+            return False
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and PLAN_MARKER in data
+
+
+def check_plan_out(out: Path, force: bool) -> None:
+    """Refuse a plan --out inside a zarr store, and an existing path unless --force and it is a
+    plan file (--force replaces a plan, never another file)."""
+    from workbench.capture.storefs import check_not_inside_store
+
+    from .scan_store import ScanError
+
+    check_not_inside_store(out, "--out")
+    if not (out.exists() or out.is_symlink()):
+        if not out.parent.is_dir():
+            raise ScanError(f"--out: {out}: the folder {out.parent} does not exist")
+        return
+    if not force:
+        raise ScanError(f"--out: {out} exists; pass --force to replace it")
+    if out.is_symlink():
+        raise ScanError(f"--out: {out} is a symbolic link; --force replaces only a plan file: "
+                        "give its real path")
+    if not is_plan_file(out):
+        raise ScanError(f"--out: {out} is not a plan written by workbench plan (no "
+                        "'workbench_plan' JSON); --force replaces only a plan: choose another path")
+
+
+def write_plan(out: Path, text: str) -> None:
+    """Write beside, then rename over `out`: an interrupted write leaves the old file whole."""
+    from workbench.capture.storefs import sibling
+
+    tmp = sibling(out, "tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def cmd_plan(args) -> int:
     from .planning import PlanRule, derive_plan
-    from .scan_store import ScanError, open_scan
+    from .scan_store import named_path, open_scan
 
+    scan = named_path(args.scan)  # "." has no name to derive the default --out from
+    out = Path(args.out) if args.out else scan.with_name(
+        scan.name.removesuffix(".zarr") + ".plan.json")
     ds = open_scan(args.scan)
+    check_plan_out(out, args.force)  # before the plan is derived: a refused --out costs nothing
     rule = PlanRule(rule=args.rule, budget=args.budget, reduce=args.reduce,
                     v_centring_guard=not args.no_v_guard, fallback=args.fallback)
     plan = derive_plan(ds, rule, name=args.name, default=args.default)
-    out = Path(args.out) if args.out else Path(args.scan).with_name(
-        Path(args.scan).name.removesuffix(".zarr") + ".plan.json")
-    if out.exists() and not args.force:
-        raise ScanError(f"--out: {out} exists; pass --force to replace it")
-    out.write_text(plan.to_json(indent=1) + "\n")
+    write_plan(out, plan.to_json(indent=1) + "\n")
     cost = plan.expected_cost
     print(f"rule: {rule.describe()}")
     print(plan_grid_text(plan, [int(s) for s in ds.step.values],
@@ -108,7 +159,9 @@ def register(sub) -> None:
                    help="apply each recipe's dense steps / layers (default: its own numerics "
                         "at every entry)")
     p.add_argument("--out", default=None, help="scan store (default STORE.scan.zarr)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing scan store")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing scan store (built beside it, swapped in when "
+                        "complete; refused if the folder holds other files)")
     p.add_argument("--scheduler", default=None,
                    help="ADDRESS of a running dask scheduler, or 'synchronous' (in-process); "
                         "default: a new LocalCluster")
@@ -137,5 +190,6 @@ def register(sub) -> None:
                    help="recipe for entries the scan did not cover (default: the fallback)")
     p.add_argument("--name", default="plan", help="plan name")
     p.add_argument("--out", default=None, help="plan JSON (default SCAN.plan.json)")
-    p.add_argument("--force", action="store_true", help="replace an existing plan file")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing plan file (only a plan JSON, never another file)")
     p.set_defaults(func=cmd_plan)

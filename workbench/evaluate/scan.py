@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workbench.capture.storefs import sibling
 from workbench.metrics import BOUNDARIES, METRICS
 
 from .scan_store import (
@@ -40,8 +41,12 @@ from .scan_store import (
     ScanStore,
     check_out_path,
     default_scan_path,
+    describe_gaps,
+    named_path,
     open_scan,
+    remove_scan,
     store_fingerprint,
+    swap_scan,
 )
 
 _METRIC_INDEX = {m: i for i, m in enumerate(METRIC_NAMES)}
@@ -378,7 +383,9 @@ def run_scan(store, recipes, *, out=None, steps=None, layers=None, heads=None,
     device: where the recipes and the float64 reference run ("cpu", "cuda"; default "auto":
     CUDA when this machine's torch sees it, also for a running scheduler's workers); part of
     the scan's parameters, so a resumed scan keeps it. Resumes a scan already at `out` when its
-    parameters match (else ScanError naming the field).
+    parameters match (else ScanError naming the field), running again any task marked done whose
+    values are missing. overwrite: replace the scan at `out` (only a scan store holding nothing
+    else) by a new one built beside it, swapped in once complete.
     """
     log = log or (lambda msg: print(msg, file=sys.stderr))
     cap, params, ds = plan_scan(store, recipes, steps=steps, layers=layers, heads=heads,
@@ -390,11 +397,34 @@ def run_scan(store, recipes, *, out=None, steps=None, layers=None, heads=None,
         raise ScanError("--device cuda: torch sees no CUDA device on this machine (use "
                         "--device cpu, or --scheduler ADDRESS of a cluster with GPU workers)")
     out = Path(out) if out is not None else default_scan_path(store)
-    check_out_path(out, Path(store))
+    check_out_path(out, Path(store), overwrite=overwrite)
+    # --overwrite builds the new scan in a hidden sibling and swaps it in only once it is
+    # complete: a failure or an interrupt (Ctrl-C) leaves the old scan as it was
+    target = named_path(out)  # "." has no name to make a sibling of
+    build = sibling(target, "new") if overwrite and out.exists() else out
     # a running scheduler is reached and its workers checked before the scan store is written
     own = (None, connect_scheduler(scheduler, params.device)) if remote else None
     try:
-        sstore = ScanStore(out, params, overwrite=overwrite)
+        run = _scan_into(build, out, cap, params, ds, own=own, scheduler=scheduler,
+                         workers=workers, client=client, progress=progress, log=log)
+    except BaseException:
+        if build != out:
+            remove_scan(build)
+        raise
+    if build != out:
+        swap_scan(build, target)
+    return open_scan(out), run
+
+
+def _scan_into(build: Path, out: Path, cap, params: ScanParams, ds, *, own, scheduler, workers,
+               client, progress, log) -> ScanRun:
+    """Run the tasks not yet done in the scan store at `build` (created when missing), then its
+    benefits and its run record; `out` is where the scan will be (the run's path, the log)."""
+    try:
+        sstore = ScanStore(build, params)
+        if sstore.damaged:
+            log(f"[scan] {out}: {describe_gaps(sstore.damaged, params.to_dict())}; running "
+                "those tasks again")
         done = sstore.done_mask()
         todo = [(si, li, ri) for si in range(len(params.steps))
                 for li in range(len(params.layers)) for ri in range(len(params.recipes))
@@ -431,7 +461,7 @@ def run_scan(store, recipes, *, out=None, steps=None, layers=None, heads=None,
             f"{run.tasks_skipped} already done; -> {out}")
     else:
         log(f"[scan] all {done.size} tasks already done in {out}")
-    return open_scan(out), run
+    return run
 
 
 def _progress_bar(n: int, progress: bool):

@@ -17,18 +17,28 @@ Every (entry, recipe) task writes its own chunk of each array (chunks are one ta
 its ``done`` chunk; zarr writes each chunk file atomically (temporary file + rename), so a killed
 scan leaves whole tasks or no task, and a re-run skips the done ones. The string labels of recipe,
 metric and stat live in the attributes (zarr v3 has no stable string dtype).
+
+A damaged store is never read as if it were whole (``scan_attrs``, ``task_gaps``): a missing
+attribute or array, a coordinate that differs from the parameters, or a task marked done whose
+values are missing (a deleted chunk reads back as NaN, the fill value) is refused by
+``open_scan`` naming the store, the array and the task; a resumed scan runs such tasks again.
+``--overwrite`` builds the new scan in a hidden sibling and swaps it in only once it is complete
+(``swap_scan``), and never replaces a folder that holds files a scan store does not own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
-from dataclasses import asdict, dataclass, fields
+import warnings
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
+from workbench.capture.storefs import check_not_inside_store, sibling
 from workbench.metrics import BOUNDARIES, METRICS
 
 SCAN_MARKER = "workbench_scan"
@@ -39,6 +49,25 @@ METRIC_NAMES = tuple(f"{b}_{m}" for b in BOUNDARIES for m in METRICS) + (
     "exact_fraction", *DRIFTS, "seconds")
 STATS = ("benefit_pct", "ci_lo", "ci_hi")
 BOOTSTRAP = {"n_boot": 2000, "seed": 0, "level": 0.95}  # workbench.metrics.bootstrap_benefit's
+OUTPUT_MSE = "attention_output_mse"
+
+# The store's arrays and their dimensions; a scan store owns these names and zarr.json, nothing
+# else (--overwrite refuses to delete anything else).
+ARRAY_DIMS = {
+    "step": ("step",), "layer": ("layer",), "head": ("head",), "row": ("row",),
+    "entry_metrics": ("step", "layer", "recipe", "metric"),
+    "head_metrics": ("step", "layer", "head", "recipe", "metric"),
+    "row_sq_err": ("step", "layer", "recipe", "row"),
+    "row_sq_err_head": ("step", "layer", "head", "recipe", "row"),
+    "benefit": ("step", "layer", "recipe", "stat"),
+    "head_benefit": ("step", "layer", "head", "recipe", "stat"),
+    "done": ("step", "layer", "recipe"),
+}
+COORD_PARAMS = {"step": "steps", "layer": "layers", "head": "heads", "row": "query_rows"}
+TASK_ARRAYS = ("entry_metrics", "head_metrics", "row_sq_err", "row_sq_err_head")  # one chunk a task
+OWNED_NAMES = ("zarr.json", *ARRAY_DIMS)
+ARRAY_OWNED_NAMES = ("zarr.json", "c")  # inside each array: its metadata and its chunks
+DAMAGED = "the scan store is damaged: make it again (workbench scan ... --overwrite)"
 
 
 class ScanError(ValueError):
@@ -103,9 +132,16 @@ def store_fingerprint(cap) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def named_path(path: str | Path) -> Path:
+    """`path`, made absolute when it has no name of its own ("." or ".."), so that a sibling
+    can be named after it."""
+    p = Path(path)
+    return Path(os.path.abspath(p)) if p.name in ("", "..") else p
+
+
 def default_scan_path(store: str | Path) -> Path:
     """STORE.zarr -> STORE.scan.zarr, next to the capture."""
-    p = Path(store)
+    p = named_path(store)
     return p.with_name(p.name.removesuffix(".zarr").rstrip("/") + ".scan.zarr")
 
 
@@ -114,45 +150,229 @@ def is_scan_store(path: str | Path) -> bool:
     if not meta.is_file():
         return False
     try:
-        return SCAN_MARKER in json.loads(meta.read_text()).get("attributes", {})
-    except (OSError, ValueError):
+        attrs = json.loads(meta.read_text()).get("attributes")
+    except (OSError, ValueError, AttributeError):
         return False
+    return isinstance(attrs, dict) and SCAN_MARKER in attrs
 
 
-def check_out_path(out: Path, capture: Path) -> None:
-    """Refuse an output inside (or equal to) the capture store, or a non-scan directory."""
+def foreign_names(path: Path, limit: int = 5) -> list[str]:
+    """Entries of the scan store at ``path`` that a scan store does not own: top-level names
+    other than its arrays and zarr.json, and names inside an array other than its metadata and
+    chunks (at most ``limit``)."""
+    out = []
+    for p in sorted(path.iterdir()):
+        if p.name not in OWNED_NAMES:
+            out.append(p.name + ("/" if p.is_dir() else ""))
+        elif p.is_dir() and not p.is_symlink():
+            out += [f"{p.name}/{q.name}" for q in sorted(p.iterdir())
+                    if q.name not in ARRAY_OWNED_NAMES]
+    return out[:limit]
+
+
+def check_out_path(out: Path, capture: Path, overwrite: bool = False) -> None:
+    """Refuse an output inside (or equal to) the capture store or any other zarr store, a
+    non-scan directory, and for --overwrite a symbolic link or a scan folder holding other
+    files (they would go with it)."""
     o, c = out.resolve(), capture.resolve()
     if o == c or c in o.parents:
         raise ScanError(f"--out: {out} is inside the capture store {capture}; a scan never "
                         "writes into a capture (choose a path outside it)")
+    if out.is_symlink() and (overwrite or not out.exists()):
+        # a swap would replace the link, not the scan it points to
+        raise ScanError(f"--out: {out} is a symbolic link (to {os.readlink(out)}); give the "
+                        "scan store's real path")
+    check_not_inside_store(out, "--out")
     if out.exists() and not is_scan_store(out):
         raise ScanError(f"--out: {out} exists and is not a scan store; choose another path")
+    if overwrite and out.exists():
+        foreign = foreign_names(out)
+        if foreign:
+            raise ScanError(f"--out: {out} also holds files that are not part of the scan store "
+                            f"({', '.join(foreign)}); --overwrite would delete them: move them "
+                            "out first")
+
+
+def remove_scan(path: Path) -> None:
+    """Delete the names a scan store owns at ``path``, then the folder if nothing else is left
+    (never a whole tree blindly)."""
+    for name in OWNED_NAMES:
+        p = path / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+    try:
+        path.rmdir()
+    except OSError:
+        pass  # something else lives there: keep it
+
+
+def swap_scan(new: Path, old: Path) -> None:
+    """Put the complete scan ``new`` in the place of the scan ``old`` (both on one filesystem:
+    renames), then delete the old one. If the second rename fails the old scan goes back."""
+    aside = sibling(old, "replaced")
+    os.rename(old, aside)
+    try:
+        os.rename(new, old)
+    except BaseException:
+        os.rename(aside, old)
+        raise
+    remove_scan(aside)
+    if aside.exists():
+        warnings.warn(f"{old}: replaced; the old scan's folder {aside} still holds other files "
+                      "and was kept", stacklevel=2)
+
+
+# -- checking a stored scan ---------------------------------------------------------------------
+def _sizes(attrs: dict) -> dict[str, int]:
+    p, names = attrs["params"], attrs["names"]
+    return {"step": len(p["steps"]), "layer": len(p["layers"]), "head": len(p["heads"]),
+            "recipe": len(p["recipes"]), "row": len(p["query_rows"]),
+            "metric": len(names["metric"]), "stat": len(names["stat"])}
+
+
+def _read_json(path: Path, where: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ScanError(f"{where}: cannot be read as JSON ({exc}); {DAMAGED}") from None
+
+
+def scan_attrs(path: Path) -> dict:
+    """The root attributes of the scan store at ``path``, after checking that its parameters,
+    labels and every array's metadata are there with the shapes the parameters give; a
+    ScanError names the store and the missing or wrong field / array otherwise."""
+    where = f"{path}/zarr.json"
+    meta = _read_json(path / "zarr.json", where)
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    if not isinstance(attrs, dict) or SCAN_MARKER not in attrs:
+        raise ScanError(f"{path}: not a scan store (no {SCAN_MARKER!r} attribute)")
+    for key in ("params", "names"):
+        if not isinstance(attrs.get(key), dict):
+            raise ScanError(f"{where}: the attribute {key!r} is missing; {DAMAGED}")
+    need = [f.name for f in fields(ScanParams) if f.default is MISSING]
+    missing = [k for k in need if k not in attrs["params"]]
+    if missing:
+        raise ScanError(f"{where}: params has no {missing[0]!r}; {DAMAGED}")
+    for key in ("recipe", "metric", "stat"):
+        if not isinstance(attrs["names"].get(key), list):
+            raise ScanError(f"{where}: names has no {key!r} list; {DAMAGED}")
+    if attrs["names"]["recipe"] != list(attrs["params"]["recipes"]):
+        raise ScanError(f"{where}: names.recipe differs from params.recipes; {DAMAGED}")
+    sizes = _sizes(attrs)
+    for name, dims in ARRAY_DIMS.items():
+        if not (path / name / "zarr.json").is_file():
+            raise ScanError(f"{path}: the array {name!r} is missing (no {name}/zarr.json); "
+                            f"{DAMAGED}")
+        shape = _read_json(path / name / "zarr.json", f"{path}/{name}/zarr.json").get("shape")
+        if shape != [sizes[d] for d in dims]:
+            raise ScanError(f"{path}/{name}: shape {shape}, the scan's parameters give "
+                            f"{[sizes[d] for d in dims]}; {DAMAGED}")
+    return attrs
+
+
+def check_coords(path: Path, values: dict, params: dict) -> None:
+    """The coordinate arrays must hold the parameters' values (a deleted chunk reads as 0)."""
+    for name, key in COORD_PARAMS.items():
+        have = [int(x) for x in values[name]]
+        if have != [int(x) for x in params[key]]:
+            raise ScanError(f"{path}/{name}: holds {_short(have)}, the scan's params.{key} is "
+                            f"{_short(list(params[key]))}; {DAMAGED}")
+
+
+def task_gaps(values: dict, metric_names: list) -> list[tuple[str, int, int, int]]:
+    """(array, si, li, ri) of each task marked done whose values that array lacks.
+
+    A task that ran always stores a number in its entry_metrics row (its seconds, at least);
+    where its output error is a number, its per-head and per-row arrays hold numbers too. A
+    missing chunk reads back as NaN, so an all-NaN slice of a done task is a lost chunk."""
+    done = np.asarray(values["done"]).astype(bool)
+    entry = np.asarray(values["entry_metrics"])  # [S, L, R, M]
+    mse = entry[..., metric_names.index(OUTPUT_MSE)] if OUTPUT_MSE in metric_names else \
+        np.full(done.shape, np.nan)
+    exempt = np.isnan(mse)  # a recipe whose output is not a number: NaN rows are its values
+    has = {
+        "entry_metrics": ~np.isnan(entry).all(-1),
+        "head_metrics": ~np.isnan(values["head_metrics"]).all(axis=(2, 4)) | exempt,
+        "row_sq_err": ~np.isnan(values["row_sq_err"]).all(-1) | exempt,
+        "row_sq_err_head": ~np.isnan(values["row_sq_err_head"]).all(axis=(2, 4)) | exempt,
+    }
+    return [(name, int(si), int(li), int(ri)) for name, ok in has.items()
+            for si, li, ri in zip(*np.nonzero(done & ~ok))]
+
+
+def benefit_gaps(values: dict, params: dict) -> list[tuple[str, int, int, int]]:
+    """(array, si, li, ri) where a benefit interval is NaN though both recipes' rows are
+    numbers (``bootstrap_many`` gives NaN only where a row is not): a lost benefit chunk."""
+    bi = list(params["recipes"]).index(params["baseline"])
+    done = np.asarray(values["done"]).astype(bool)
+    done = done & done[:, :, bi:bi + 1]
+    out = []
+    for name, rows_name in (("benefit", "row_sq_err"), ("head_benefit", "row_sq_err_head")):
+        rows = np.asarray(values[rows_name])
+        ok = np.isfinite(rows).all(-1) & np.isfinite(rows[..., bi:bi + 1, :]).all(-1)
+        lost = ok & np.isnan(np.asarray(values[name])[..., 1])  # ci_lo
+        if lost.ndim == 4:
+            lost = lost.any(2)  # [S, L, H, R] -> [S, L, R]
+        out += [(name, int(si), int(li), int(ri)) for si, li, ri in zip(*np.nonzero(lost & done))]
+    return out
+
+
+def describe_gaps(gaps: list, params: dict, limit: int = 3) -> str:
+    """'N task(s) marked done have no stored values: ARRAY at step S, layer L, recipe 'R', ...'"""
+    tasks = sorted({g[1:] for g in gaps})
+    shown = [f"{name} at step {params['steps'][si]}, layer {params['layers'][li]}, recipe "
+             f"{params['recipes'][ri]!r}" for name, si, li, ri in gaps[:limit]]
+    more = f" (+{len(gaps) - limit} more)" if len(gaps) > limit else ""
+    return (f"{len(tasks)} task(s) marked done have no stored values: {'; '.join(shown)}"
+            f"{more}")
+
+
+def _read_values(path: Path, arrays: dict, names) -> dict:
+    out = {}
+    for name in names:
+        try:
+            out[name] = np.asarray(arrays[name][...])
+        except Exception as exc:  # a corrupt chunk: name the array, keep the cause
+            raise ScanError(f"{path}/{name}: cannot be read ({exc}); {DAMAGED}") from exc
+    return out
 
 
 class ScanStore:
-    """The scan store opened for writing by one process (the scan's client)."""
+    """The scan store opened for writing by one process (the scan's client).
 
-    def __init__(self, path: Path, params: ScanParams, *, overwrite: bool = False):
+    An existing store is resumed when its parameters match; tasks marked done whose values are
+    missing (``damaged``) are not counted as done, so the scan runs them again."""
+
+    def __init__(self, path: Path, params: ScanParams):
         import zarr
 
         self.path = Path(path)
         self.params = params
-        if self.path.exists() and overwrite:
-            if not is_scan_store(self.path):
-                raise ScanError(f"--out: {self.path} is not a scan store; not removing it")
-            shutil.rmtree(self.path)
-        if self.path.exists():
-            self.root = zarr.open_group(str(self.path), mode="r+")
-            stored = ScanParams.from_dict(self.root.attrs["params"])
+        self.damaged: list[tuple[str, int, int, int]] = []
+        existed = self.path.exists()
+        if existed:
+            attrs = scan_attrs(self.path)
+            stored = ScanParams.from_dict(attrs["params"])
             why = stored.mismatch(params)
             if why:
                 raise ScanError(f"{self.path}: cannot resume a scan with different parameters "
                                 f"({why}); use --out for a new scan or --overwrite")
+            self.root = zarr.open_group(str(self.path), mode="r+")
         else:
             self.root = self._create()
         self.arrays = {name: self.root[name] for name in
                        ("entry_metrics", "head_metrics", "row_sq_err", "row_sq_err_head", "done",
                         "benefit", "head_benefit")}
+        self._done = np.asarray(self.arrays["done"][...], dtype=bool)
+        if existed:
+            # the benefits are not read: every run writes them again at its end
+            values = _read_values(self.path, self.root, (*COORD_PARAMS, "done", *TASK_ARRAYS))
+            check_coords(self.path, values, attrs["params"])
+            self.damaged = task_gaps(values, list(attrs["names"]["metric"]))
+            for _, si, li, ri in self.damaged:
+                self._done[si, li, ri] = False
 
     def _create(self):
         import zarr
@@ -192,7 +412,8 @@ class ScanStore:
         return root
 
     def done_mask(self) -> np.ndarray:
-        return np.asarray(self.arrays["done"][...], dtype=bool)
+        """Tasks done with their values stored (a damaged task counts as not done)."""
+        return self._done.copy()
 
     def write_task(self, si: int, li: int, ri: int, rec: dict) -> None:
         """One task's numbers, then its done marker (after the data, so a kill between the two
@@ -219,7 +440,8 @@ def open_scan(path: str | Path):
 
     Dims: step, layer, head, recipe, metric, stat, row. Variables: entry_metrics, head_metrics,
     benefit, head_benefit, row_sq_err, row_sq_err_head, done (bool). attrs: params (dict), runs.
-    Values are loaded (a scan is small next to the capture it summarises).
+    Values are loaded (a scan is small next to the capture it summarises). A damaged store
+    (missing attribute or array, lost values of a done task) is refused naming what is missing.
     """
     import xarray as xr
 
@@ -227,12 +449,30 @@ def open_scan(path: str | Path):
     if not is_scan_store(path):
         raise FileNotFoundError(f"{path}: not a scan store (no {SCAN_MARKER!r} attribute); make "
                                 "one with `workbench scan STORE --recipes ...`")
-    ds = xr.open_zarr(str(path), consolidated=False, decode_times=False).load()
-    names = ds.attrs["names"]
+    attrs = scan_attrs(path)
+    try:
+        ds = xr.open_zarr(str(path), consolidated=False, decode_times=False).load()
+    except Exception as exc:  # a corrupt chunk: name the store, keep the cause
+        raise ScanError(f"{path}: cannot be read ({exc}); {DAMAGED}") from exc
+    values = {name: ds[name].values for name in ARRAY_DIMS}
+    params = attrs["params"]
+    check_coords(path, values, params)
+    gaps = task_gaps(values, list(attrs["names"]["metric"]))
+    if gaps:
+        raise ScanError(f"{path}: {describe_gaps(gaps, params)}; the store is damaged: run the "
+                        "same workbench scan again (it re-runs those tasks)")
+    # benefits are computed after the last task of a run: only a finished run vouches for them
+    gaps = benefit_gaps(values, params) if attrs.get("runs") else []
+    if gaps:
+        raise ScanError(f"{path}: {gaps[0][0]} has no interval at step "
+                        f"{params['steps'][gaps[0][1]]}, layer {params['layers'][gaps[0][2]]}, "
+                        f"recipe {params['recipes'][gaps[0][3]]!r} though its rows are stored; "
+                        "the store is damaged: run the same workbench scan again (it "
+                        "recomputes the benefits)")
+    names = attrs["names"]
     ds = ds.assign_coords(recipe=list(names["recipe"]), metric=list(names["metric"]),
                           stat=list(names["stat"]))
     ds["done"] = ds["done"].astype(bool)
-    params = ds.attrs["params"]
     ds = ds.assign_coords(recipe_spec=("recipe", list(params["recipe_specs"])))
     ds.attrs["path"] = str(path)
     return ds

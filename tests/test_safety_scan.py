@@ -1,0 +1,225 @@
+"""Scan and plan never destroy or silently misread data: `plan --out/--force` writes only plan
+files outside zarr stores, `scan --overwrite` replaces only a scan store (built beside it, swapped
+in when complete), a damaged scan store is refused naming the store, array and task (a resumed
+scan runs the lost tasks again), and `scan .` inside a capture works."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.cli import main
+from workbench.evaluate.scan import run_scan
+from workbench.evaluate.scan_store import METRIC_NAMES, ScanError, open_scan
+
+ROOT = Path(__file__).resolve().parents[1]
+STORE = ROOT / "captures" / "demo_h3_nano.zarr"
+RECIPES = "fp8_dense,fp8_dense_k"
+SMALL = dict(steps=[7, 8], layers=[1, 2], n_queries=16, scheduler="synchronous",
+             progress=False, device="cpu")
+CLI_SMALL = ["--recipes", RECIPES, "--steps", "7,8", "--layers", "1,2", "--queries", "16",
+             "--scheduler", "synchronous", "--device", "cpu", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def scan(tmp_path_factory):
+    """A complete small scan of the shipped capture (tests damage copies of it)."""
+    out = tmp_path_factory.mktemp("scan") / "s.scan.zarr"
+    run_scan(STORE, RECIPES, out=out, **SMALL)
+    return out
+
+
+@pytest.fixture()
+def copy(scan, tmp_path):
+    out = tmp_path / "c.scan.zarr"
+    shutil.copytree(scan, out)
+    return out
+
+
+@pytest.fixture()
+def small_capture(tmp_path):
+    """A two-layer capture store of random tensors (workbench import), in tmp_path."""
+    import torch
+
+    from workbench.capture.importer import import_tensors
+
+    g = torch.Generator().manual_seed(0)
+    data = {f"layer{i}.{r}": torch.randn(96, 2, 32, generator=g) for i in (0, 1) for r in "qkv"}
+    torch.save(data, tmp_path / "d.pt")
+    store = tmp_path / "cap.zarr"
+    import_tensors([tmp_path / "d.pt"], store, rotated=0)
+    return store
+
+
+def _numbers(ds):
+    keep = [m for m in METRIC_NAMES if m != "seconds"]
+    return {v: ds[v].sel(metric=keep).values if "metric" in ds[v].dims else ds[v].values
+            for v in ("entry_metrics", "head_metrics", "row_sq_err", "row_sq_err_head",
+                      "benefit", "head_benefit", "done")}
+
+
+def _assert_same(a, b):
+    na, nb = _numbers(a), _numbers(b)
+    for v in na:
+        np.testing.assert_array_equal(na[v], nb[v], err_msg=v)
+
+
+def _cli_error(argv, capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+# -- 1. plan --out / --force ---------------------------------------------------------------------
+def test_plan_out_inside_a_store_is_refused_even_with_force(copy, small_capture, capsys):
+    meta = (copy / "zarr.json").read_bytes()
+    err = _cli_error(["plan", str(copy), "--out", str(copy / "zarr.json"), "--force"], capsys)
+    assert "--out" in err and str(copy) in err
+    assert (copy / "zarr.json").read_bytes() == meta
+    cap_meta = (small_capture / "zarr.json").read_bytes()
+    err = _cli_error(["plan", str(copy), "--out", str(small_capture / "zarr.json"), "--force"],
+                     capsys)
+    assert str(small_capture) in err
+    assert (small_capture / "zarr.json").read_bytes() == cap_meta
+    open_scan(copy)
+
+
+def test_plan_force_replaces_only_a_plan(copy, tmp_path, capsys):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"my": "notes"}')
+    err = _cli_error(["plan", str(copy), "--out", str(notes), "--force"], capsys)
+    assert str(notes) in err and "not a plan" in err
+    assert notes.read_text() == '{"my": "notes"}'
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(copy), "--out", str(plan)]) == 0
+    first = plan.read_text()
+    assert main(["plan", str(copy), "--out", str(plan), "--rule", "max_cost", "--budget", "0.75",
+                 "--force"]) == 0
+    assert plan.read_text() != first and "workbench_plan" in json.loads(plan.read_text())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# -- 2. scan --overwrite -------------------------------------------------------------------------
+def test_overwrite_refuses_foreign_files_symlinks_and_nested_stores(copy, tmp_path, capsys):
+    (copy / "notes.md").write_text("mine")
+    (copy / "figs").mkdir()
+    err = _cli_error(["scan", str(STORE), *CLI_SMALL, "--out", str(copy), "--overwrite"], capsys)
+    assert str(copy) in err and "notes.md" in err and "figs/" in err
+    assert (copy / "notes.md").read_text() == "mine"
+    (copy / "notes.md").unlink()
+    (copy / "figs").rmdir()
+    link = tmp_path / "link.scan.zarr"
+    link.symlink_to(copy)
+    err = _cli_error(["scan", str(STORE), *CLI_SMALL, "--out", str(link), "--overwrite"], capsys)
+    assert str(link) in err and "symbolic link" in err
+    inner = copy / "inner.scan.zarr"
+    err = _cli_error(["scan", str(STORE), *CLI_SMALL, "--out", str(inner)], capsys)
+    assert str(inner) in err and "inside the zarr store" in err
+    assert not inner.exists()
+    open_scan(copy)
+
+
+def test_overwrite_builds_beside_and_swaps(copy, tmp_path):
+    ds, run = run_scan(STORE, RECIPES, out=copy, overwrite=True, **SMALL)
+    assert run.tasks_run == ds.done.size and len(ds.attrs["runs"]) == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+_OVERWRITE = [sys.executable, "-m", "workbench", "scan", str(STORE), "--recipes",
+              "fp8_dense,fp8_dense_k,fp8_dense_kv_corrected", "--queries", "64",
+              "--scheduler", "synchronous", "--device", "cpu", "--quiet", "--overwrite"]
+
+
+def test_interrupted_overwrite_keeps_the_old_scan(copy, tmp_path):
+    before = open_scan(copy)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([*_OVERWRITE, "--out", str(copy)], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline, n_done = time.time() + 120, 0
+    while time.time() < deadline and proc.poll() is None and n_done < 4:
+        n_done = sum(p.is_file() for d in tmp_path.glob(f".{copy.name}.new-*/done/c")
+                     for p in d.rglob("*"))
+        time.sleep(0.01)
+    assert proc.poll() is None, f"the scan ended before the interrupt: {proc.stderr.read()[-500:]}"
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+    assert proc.returncode != 0
+    _assert_same(open_scan(copy), before)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# -- 3. damaged values ---------------------------------------------------------------------------
+def _chunk(store: Path, array: str, si: int, li: int, ri: int) -> Path:
+    dims = json.loads((store / array / "zarr.json").read_text())["dimension_names"]
+    idx = {"step": si, "layer": li, "recipe": ri}
+    return store.joinpath(array, "c", *(str(idx.get(d, 0)) for d in dims))
+
+
+@pytest.mark.parametrize("array", ["entry_metrics", "row_sq_err", "head_metrics"])
+def test_lost_values_are_refused_and_rerun(array, scan, copy, capsys):
+    chunk = _chunk(copy, array, 1, 0, 1)
+    chunk.unlink()
+    with pytest.raises(ScanError, match=rf"{array} at step 8, layer 1, recipe 'fp8_dense_k'"):
+        open_scan(copy)
+    err = _cli_error(["plan", str(copy), "--out", str(copy.parent / "p.json")], capsys)
+    assert str(copy) in err and array in err
+    assert not (copy.parent / "p.json").exists()
+    err = _cli_error(["scan-report", str(copy), "--out", str(copy.parent / "rep"),
+                      "--formats", "html"], capsys)
+    assert array in err
+    logged = []
+    ds, run = run_scan(STORE, RECIPES, out=copy, log=logged.append, **SMALL)
+    assert run.tasks_run == 1 and chunk.is_file()
+    assert "running those tasks again" in logged[0] and array in logged[0]
+    _assert_same(ds, open_scan(scan))
+
+
+def test_lost_benefit_chunk_is_refused(scan, copy):
+    (_chunk(copy, "benefit", 1, 0, 0)).unlink()
+    with pytest.raises(ScanError, match="benefit has no interval at step 8"):
+        open_scan(copy)
+    ds, run = run_scan(STORE, RECIPES, out=copy, **SMALL)
+    assert run.tasks_run == 0
+    _assert_same(ds, open_scan(scan))
+
+
+# -- 4. missing attributes and arrays ------------------------------------------------------------
+def test_missing_params_or_array_names_the_store(copy, capsys):
+    meta = json.loads((copy / "zarr.json").read_text())
+    del meta["attributes"]["params"]
+    (copy / "zarr.json").write_text(json.dumps(meta))
+    for argv in (["plan", str(copy), "--out", str(copy.parent / "p.json")],
+                 ["scan", str(STORE), *CLI_SMALL, "--out", str(copy)]):
+        err = _cli_error(argv, capsys)
+        assert str(copy) in err and "'params' is missing" in err
+
+
+def test_missing_done_array_names_the_store(copy, capsys):
+    (copy / "done" / "zarr.json").unlink()
+    with pytest.raises(ScanError, match=r"the array 'done' is missing"):
+        open_scan(copy)
+    err = _cli_error(["scan", str(STORE), *CLI_SMALL, "--out", str(copy)], capsys)
+    assert str(copy) in err and "'done'" in err
+
+
+# -- 5. scan . -----------------------------------------------------------------------------------
+def test_scan_and_plan_of_dot(small_capture, monkeypatch, capsys):
+    monkeypatch.chdir(small_capture)
+    assert main(["scan", ".", "--recipes", RECIPES, "--queries", "8", "--scheduler",
+                 "synchronous", "--device", "cpu", "--quiet"]) == 0
+    out = small_capture.parent / "cap.scan.zarr"
+    assert open_scan(out).done.all()
+    monkeypatch.chdir(out)
+    assert main(["plan", "."]) == 0
+    assert (small_capture.parent / "cap.scan.plan.json").is_file()
