@@ -9,6 +9,7 @@ any work starts. Every error is a ValueError (or argparse's own) naming the flag
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import tempfile
 from pathlib import Path
@@ -137,29 +138,68 @@ def check_out_dir(path, flag: str = "--out") -> Path:
 
 CLIP_FILES = ("video.mp4", "audio.wav", "clip.safetensors", "config.json")  # generate.write_clip
 COMPARE_FILES = ("side_by_side.mp4", "metrics.json", "table.md", "curves.csv", "curves.svg")
+# (file, keys) that tell a folder's earlier result from a user's files of the same names: the
+# clip's config.json (generate.generate), the comparison's metrics.json (compare.compare_clips) and
+# compare.json of `compare --recipes` (compare.compare_recipes).
+CLIP_MARKER = ("config.json", ("model", "prompt", "seed", "recipe_string", "attention_calls"))
+COMPARE_MARKER = ("metrics.json", ("reference", "test", "side_by_side"))
+COMPARE_RECIPES_MARKER = ("compare.json", ("model", "prompt", "seed", "reference", "metrics"))
+MAX_RESULT_JSON = 64 << 20  # a result JSON is far smaller; a larger file is not read to check
 
 
-def check_no_clobber(path, names, *, flag: str = "--out", overwrite: bool = False) -> None:
+def json_has_keys(path, keys) -> bool:
+    """Whether ``path`` is a JSON object file holding every one of ``keys``: how a command knows
+    its own earlier result from a user's file of the same name."""
+    p = Path(path)
+    try:
+        if not p.is_file() or p.stat().st_size > MAX_RESULT_JSON:
+            return False
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: not ours
+        return False
+    return isinstance(data, dict) and all(k in data for k in keys)
+
+
+def _holds(path: Path) -> bool:
+    # an empty folder holds nothing a write could replace
+    return path.exists() and not (path.is_dir() and not any(path.iterdir()))
+
+
+def check_no_clobber(path, names, *, flag: str = "--out", overwrite: bool = False,
+                     marker: tuple[str, tuple[str, ...]] | None = None) -> None:
     """Refuse to write `names` into the folder `path` when it already holds one of them (an
     earlier result), naming the file, unless `overwrite` (then those files are replaced and
-    nothing else in the folder is touched). names=None: the folder must be absent or empty."""
+    nothing else in the folder is touched). names=None: the folder must be absent or empty.
+
+    marker (file, keys): with `overwrite`, the folder must also hold that file with those JSON
+    keys (the earlier result's own record), so that --overwrite never replaces a user's files
+    that merely share a name (a config.json, a report.md) with the command's."""
     p = Path(path)
-    if overwrite or not p.is_dir():
+    if not p.is_dir():
         return
     if names is None:
-        first = next(iter(sorted(p.iterdir())), None)
-        if first is not None:
-            raise ValueError(f"{flag} {p}: not empty (holds {first.name}); choose a new folder "
-                             "or pass --overwrite to replace the results in it")
+        held = [q.name for q in sorted(p.iterdir())[:1]]
+    else:
+        held = [n for n in names if _holds(p / n)]
+    if not held:
         return
-    held = [n for n in names if (p / n).exists()]
-    if held:
-        raise ValueError(f"{flag} {p}: already holds {held[0]} from an earlier run; choose a "
-                         "new folder or pass --overwrite to replace it")
+    if not overwrite:
+        if names is None:
+            raise ValueError(f"{flag} {p}: not empty (holds {held[0]}); choose a new folder "
+                             "or pass --overwrite to replace the results in it")
+        raise ValueError(f"{flag} {p}: already holds {held[0]}; choose a new folder, or pass "
+                         "--overwrite to replace an earlier result there")
+    if marker is not None and not json_has_keys(p / marker[0], marker[1]):
+        what = "is not" if (p / marker[0]).exists() else "is missing, so the folder is not"
+        raise ValueError(f"{flag} {p}: --overwrite replaces only an earlier result of this "
+                         f"command, and {p / marker[0]} {what} one (the folder holds {held[0]}); "
+                         "choose a new folder")
 
 
-def check_out_file(path, flag: str) -> Path:
-    """An output file: not a directory, in a folder that exists or can be made."""
+def check_out_file(path, flag: str, *, own=None, kind: str = "result") -> Path:
+    """An output file: not a directory, in a folder that exists or can be made. An existing
+    non-empty file is replaced only when ``own(path)`` recognises it as an earlier `kind` (the
+    same command's output, re-run); anything else there is refused, naming it."""
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{flag} {p}: is a folder; give a file path (e.g. {p / 'table.json'})")
@@ -168,5 +208,9 @@ def check_out_file(path, flag: str) -> Path:
     base = _nearest_existing(p.parent)
     if not base.is_dir():
         raise ValueError(f"{flag} {p}: {base} is a file, not a folder")
+    # an empty file holds nothing; /dev/null and other non-files are not replaced by a write
+    if p.is_file() and p.stat().st_size > 0 and not (own is not None and own(p)):
+        raise ValueError(f"{flag} {p}: already exists and is not an earlier {kind}; choose "
+                         "another path (only a file this command wrote is replaced)")
     _probe_write(base, flag, p)
     return p

@@ -12,9 +12,13 @@ import argparse
 import time
 from pathlib import Path
 
+from workbench.capture.storefs import check_not_inside_store
 from workbench.cli_args import (
     CLIP_FILES,
+    CLIP_MARKER,
     COMPARE_FILES,
+    COMPARE_MARKER,
+    COMPARE_RECIPES_MARKER,
     check_device,
     check_no_clobber,
     check_out_dir,
@@ -77,7 +81,8 @@ def cmd_generate(args) -> int:
 
     _check_common(args)
     check_out_dir(args.out)
-    check_no_clobber(args.out, CLIP_FILES, overwrite=args.overwrite)
+    check_not_inside_store(args.out, "--out")
+    check_no_clobber(args.out, CLIP_FILES, overwrite=args.overwrite, marker=CLIP_MARKER)
     layers = parse_int_list(args.layers, "--layers")
     capture_steps = parse_int_list(args.capture_steps, "--capture-steps")
     if args.capture is not None:
@@ -115,7 +120,8 @@ def cmd_compare(args) -> int:
         if not recipes:
             raise ValueError("--recipes: empty; give recipes like bf16,fp8_sol_kv_corrected")
         out = check_out_dir(args.out or "runs/compare")
-        check_no_clobber(out, None, overwrite=args.overwrite)
+        check_not_inside_store(out, "--out")
+        check_no_clobber(out, None, overwrite=args.overwrite, marker=COMPARE_RECIPES_MARKER)
         h3 = _load(args)
         t0 = time.perf_counter()
         _, table = compare_recipes(
@@ -137,7 +143,8 @@ def cmd_compare(args) -> int:
             raise ValueError(f"{d}: not a clip folder (video.mp4 / clip.safetensors)")
     out = args.out or str(Path(b).parent / f"compare_{Path(a).name}_{Path(b).name}")
     check_out_dir(out)
-    check_no_clobber(out, COMPARE_FILES, overwrite=args.overwrite)
+    check_not_inside_store(out, "--out")
+    check_no_clobber(out, COMPARE_FILES, overwrite=args.overwrite, marker=COMPARE_MARKER)
     m = compare_dirs(a, b, out)
     from workbench.metrics.media import media_table
 
@@ -154,7 +161,8 @@ def register(sub) -> None:
                    help="preset, 'preset:field=value', JSON, or 'native' (no replacement)")
     g.add_argument("--out", required=True, help="output folder")
     g.add_argument("--overwrite", action="store_true",
-                   help="replace a clip already in --out (its video/audio/config files only)")
+                   help="replace an earlier clip in --out (its video/audio/config files only; "
+                        "refused where config.json is not a clip's)")
     g.add_argument("--capture", default=None, metavar="STORE", help="also capture q/k/v here")
     g.add_argument("--layers", default=None, help="capture layers, e.g. 0,2 or 0-3 (default all)")
     g.add_argument("--capture-steps", "--steps-to-capture", dest="capture_steps", default=None,
@@ -166,6 +174,7 @@ def register(sub) -> None:
     c.add_argument("--recipes", default=None, help="generate with each, compare against the first")
     c.add_argument("--out", default=None, help="output folder")
     c.add_argument("--overwrite", action="store_true",
-                   help="write into an --out that holds earlier comparison results")
+                   help="write into an --out that holds earlier comparison results (refused "
+                        "where they are not a comparison's)")
     _model_args(c)
     c.set_defaults(func=cmd_compare)

@@ -156,6 +156,24 @@ def _folder_name(spec: str) -> str:
     return spec.replace(":", "_").replace("/", "_")
 
 
+def clip_folder_names(recipes: list[str]) -> dict[str, str]:
+    """{recipe: clip folder name}, distinct: two specs that give one name (``pa/plan.json`` and
+    ``pb/plan.json`` are both ``plan``) get -2, -3, ... after the first, so that no clip or
+    comparison is written over another's. A name is also kept apart from every ``compare_NAME``
+    folder and from the summary files beside them."""
+    taken = {"compare.json", "table.md"}
+    names = {}
+    for r in recipes:
+        base = name = _folder_name(r)
+        k = 1
+        while name in taken or f"compare_{name}" in taken:
+            k += 1
+            name = f"{base}-{k}"
+        taken.update((name, f"compare_{name}"))
+        names[r] = name
+    return names
+
+
 def compare_recipes(
     model,
     recipes: list[str],
@@ -175,6 +193,10 @@ def compare_recipes(
     """
     if len(recipes) < 2:
         raise ValueError("recipes: give at least two (the first is the reference)")
+    twice = next((r for i, r in enumerate(recipes) if r in recipes[:i]), None)
+    if twice is not None:  # results are keyed by the spec: a second one would replace the first
+        raise ValueError(f"recipes: {twice!r} is given twice; give each recipe once")
+    folders = clip_folder_names(recipes)
     clips = {}
     for r in recipes:
         t0 = time.perf_counter()
@@ -183,21 +205,22 @@ def compare_recipes(
                             progress=progress)
         clips[r].config["seconds"] = round(time.perf_counter() - t0, 3)
         if out is not None:
-            write_clip(clips[r], Path(out) / _folder_name(r))
+            write_clip(clips[r], Path(out) / folders[r])
     ref = recipes[0]
     rows = {}
     for r in recipes:
-        sub = None if out is None or r == ref else Path(out) / f"compare_{_folder_name(r)}"
+        sub = None if out is None or r == ref else Path(out) / f"compare_{folders[r]}"
         rows[r] = compare_clips(clips[ref], clips[r], sub, ref, r)
     table = media_table(rows, ref)
     if out is not None:
         table += "\n\n" + "\n".join(
-            side_by_side_line(m, ref, r, f"compare_{r.replace(':', '_')}/")
+            side_by_side_line(m, ref, r, f"compare_{folders[r]}/")
             for r, m in rows.items() if "side_by_side" in m)
         out = Path(out)
         summary = {"model": model.name, "prompt": prompt, "seed": seed,
                    "steps": steps or model.config.default_steps, "reference": ref,
                    "seconds": {r: clips[r].config["seconds"] for r in recipes},
+                   "folders": {r: folders[r] for r in recipes},
                    "metrics": {r: {k: v for k, v in m.items()
                                    if k not in ("curves", "side_by_side")}
                                for r, m in rows.items()},

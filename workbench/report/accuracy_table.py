@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from workbench.attention import SegmentLayout, select_heads
+from workbench.cli_args import json_has_keys
 from workbench.evaluate import TABLE_ROWS, Comparison, evaluate
 from workbench.metrics import (
     BOUNDARY_LABELS,
@@ -27,6 +28,10 @@ from workbench.metrics import (
     json_safe,
 )
 from workbench.recipes import AttentionRecipe, get_recipe
+
+TABLE_HEADING = "### Smooth Attention Kernel Accuracy"  # first line of to_markdown
+# keys of to_dict that tell an earlier table JSON from another JSON file
+TABLE_JSON_KEYS = ("source", "recipe_a", "recipe_b", "boundaries", "output", "reference")
 
 
 @dataclass
@@ -85,7 +90,7 @@ class AccuracyTable:
         la, lb = a.label(), b.label()
         heads = _ranges(self.heads)
         lines = [
-            "### Smooth Attention Kernel Accuracy",
+            TABLE_HEADING,
             "",
             f"Input: {self.source}. Heads {heads}, {len(self.query_rows)} evenly spaced query "
             f"positions, full K/V context ({self.seq_len:,} keys"
@@ -229,6 +234,20 @@ def accuracy_table(
     table = table_from_comparison(c, "a", "b", source=source)
     table.seconds = time.perf_counter() - t0
     return table
+
+
+def is_table_markdown(path) -> bool:
+    """Whether ``path`` is an earlier markdown table (its first line is the table's heading)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().rstrip("\n") == TABLE_HEADING
+    except (OSError, ValueError):  # unreadable or not UTF-8: not a table
+        return False
+
+
+def is_table_json(path) -> bool:
+    """Whether ``path`` is an earlier table JSON (``AccuracyTable.to_json``)."""
+    return json_has_keys(path, TABLE_JSON_KEYS)
 
 
 def write_table(table: AccuracyTable, md_path: Path | None, json_path: Path | None) -> None:

@@ -9,12 +9,41 @@ from pathlib import Path
 
 from workbench.cli_args import (
     check_device,
+    check_no_clobber,
     check_out_dir,
     check_out_file,
     parse_int_list,
     positive_int,
 )
 from workbench.recipes import get_recipe
+
+
+def check_out_folder(path, flag: str = "--out") -> Path:
+    """check_out_dir, and neither a zarr store nor inside one: files written there would change
+    that store (a capture store with foreign files is no longer replaceable or verifiable)."""
+    from workbench.capture.storefs import enclosing_store
+
+    p = check_out_dir(path, flag)
+    outer = enclosing_store(p)
+    if outer is not None:
+        raise ValueError(f"{flag} {p}: is or lies inside the zarr store {outer}; writing there "
+                         "would change that store: choose a folder outside it")
+    return p
+
+
+def check_table_files(json_path, md_path) -> None:
+    """--json / --md: outside any zarr store, and replacing only an earlier table of that kind
+    (re-running a table into its own file works; another file there is refused, naming it)."""
+    from workbench.capture.storefs import check_not_inside_store
+    from workbench.report.accuracy_table import is_table_json, is_table_markdown
+
+    for flag, path, own, kind in (("--json", json_path, is_table_json, "table JSON"),
+                                  ("--md", md_path, is_table_markdown, "markdown table")):
+        if path:
+            check_not_inside_store(path, flag)
+            check_out_file(path, flag, own=own, kind=f"{kind} (workbench table {flag})")
+    if json_path and md_path and Path(json_path).resolve() == Path(md_path).resolve():
+        raise ValueError(f"--md {md_path}: the same file as --json; give two paths")
 
 
 def load_table_input(args) -> dict:
@@ -83,9 +112,7 @@ def cmd_table(args) -> int:
 
     t0 = time.perf_counter()
     # Outputs and device are checked before any input is read or computed.
-    for flag, path in (("--json", args.json), ("--md", args.md)):
-        if path:
-            check_out_file(path, flag)
+    check_table_files(args.json, args.md)
     check_device(args.device)
     inp = load_table_input(args)
     table = accuracy_table(
@@ -106,7 +133,7 @@ def cmd_demo(args) -> int:
     """The main job on the embedded default: writes everything under --out."""
     from workbench.report.demo import run_demo
 
-    return run_demo(check_out_dir(args.out), quick=args.quick)
+    return run_demo(check_out_folder(args.out), quick=args.quick, overwrite=args.overwrite)
 
 
 def _check_heads(store, heads: list[int] | None, step, layer) -> None:
@@ -128,17 +155,18 @@ def _check_heads(store, heads: list[int] | None, step, layer) -> None:
 
 
 def cmd_report(args) -> int:
-    from workbench.report.export import write_report
+    from workbench.report.export import REPORT_FILES, REPORT_MARKER, write_report
 
     heads = parse_int_list(args.heads, "--heads")
-    check_out_dir(args.out)
+    out = check_out_folder(args.out)
     check_device(args.device)
     _check_heads(args.store, heads, args.step, args.layer)
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     bad = sorted(set(formats) - {"png", "svg", "html"})
     if bad:
         raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
-    md = write_report(args.store, args.a, args.b, args.out, step=args.step, layer=args.layer,
+    check_no_clobber(out, REPORT_FILES, overwrite=args.overwrite, marker=REPORT_MARKER)
+    md = write_report(args.store, args.a, args.b, out, step=args.step, layer=args.layer,
                       heads=heads, n_queries=args.queries, formats=formats,
                       device=args.device, html_inline=args.html_inline, causal=args.causal)
     print(md)
@@ -146,13 +174,16 @@ def cmd_report(args) -> int:
 
 
 def cmd_scan_report(args) -> int:
-    from workbench.report.scan_report import write_scan_report
+    from workbench.report.export import REPORT_FILES
+    from workbench.report.scan_report import SCAN_REPORT_MARKER, write_scan_report
 
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     bad = sorted(set(formats) - {"png", "svg", "html"})
     if bad:
         raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
-    md = write_scan_report(args.scan, args.out, plan=args.plan, formats=formats,
+    out = check_out_folder(args.out)
+    check_no_clobber(out, REPORT_FILES, overwrite=args.overwrite, marker=SCAN_REPORT_MARKER)
+    md = write_scan_report(args.scan, out, plan=args.plan, formats=formats,
                            recipe=args.recipe, step=args.step)
     print(md)
     return 0
@@ -182,13 +213,18 @@ def register(sub) -> None:
     _add_input_args(p)
     p.add_argument("--a", default="fp8_sol_unsmoothed", help="recipe A (baseline)")
     p.add_argument("--b", default="fp8_sol_kv_corrected", help="recipe B (candidate)")
-    p.add_argument("--json", default=None, help="write the table as JSON here")
-    p.add_argument("--md", default=None, help="write the markdown table here")
+    p.add_argument("--json", default=None,
+                   help="write the table as JSON here (replaces only an earlier table JSON)")
+    p.add_argument("--md", default=None,
+                   help="write the markdown table here (replaces only an earlier table)")
     p.set_defaults(func=_table_entry)
 
     p = sub.add_parser("demo", help="run the main job on the embedded default into reports/demo")
     p.add_argument("--out", default="reports/demo", help="output folder (default reports/demo)")
     p.add_argument("--quick", action="store_true", help="smaller synthetic input (for tests)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files under --out that an earlier demo did not write (the "
+                        "demo's own earlier results are replaced without it)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("report", help="export PR figures (png/svg/html) and markdown tables")
@@ -207,6 +243,9 @@ def register(sub) -> None:
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                    help="mask keys after each row (default: as the store records)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier report in --out (its report.md, report.json and "
+                        "figure files only)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("scan-report", help="a scan's figures (png/svg/html) and markdown")
@@ -218,6 +257,9 @@ def register(sub) -> None:
     p.add_argument("--step", type=int, default=None,
                    help="step of the layer x head heatmaps (default: the last)")
     p.add_argument("--formats", default="png,svg,html", help="comma list of png, svg, html")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier report in --out (its report.md, report.json and "
+                        "figure files only)")
     p.set_defaults(func=cmd_scan_report)
 
 

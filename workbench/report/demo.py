@@ -8,6 +8,10 @@ Steps (each writes its own files; a step whose stage is not installed is reporte
 3. the seed's end-to-end experiment on the embedded model: ``workbench compare --recipes
    bf16,fp8_sol_unsmoothed,fp8_sol_kv_corrected --model h3-nano --out <out>/compare`` (clips,
    side-by-side mp4, metrics table in the seed PR's layout).
+
+Run again into the same folder (a second `make demo`), it replaces its own earlier results,
+recognised by their content; a user's file under a name it writes is refused, naming it, unless
+``overwrite`` (``workbench demo --overwrite``).
 """
 
 from __future__ import annotations
@@ -17,10 +21,45 @@ import time
 from pathlib import Path
 
 
-def run_demo(out: Path, quick: bool = False) -> int:
+def _earlier_demo_parts(quick: bool) -> dict:
+    """{name under --out: predicate that recognises the demo's own earlier result there}."""
+    from workbench.cli_args import COMPARE_RECIPES_MARKER, json_has_keys
+    from workbench.report.accuracy_table import is_table_json, is_table_markdown
+    from workbench.report.export import REPORT_MARKER
+
+    parts = {
+        "accuracy_table.md": is_table_markdown,
+        "accuracy_table.json": is_table_json,
+        "report": lambda p: json_has_keys(p / REPORT_MARKER[0], REPORT_MARKER[1]),
+    }
+    if not quick:
+        name, keys = COMPARE_RECIPES_MARKER
+        parts["compare"] = lambda p: json_has_keys(p / name, keys)
+    return parts
+
+
+def check_demo_out(out: Path, *, quick: bool = False, overwrite: bool = False) -> None:
+    """Refuse an --out where a name the demo writes holds something the demo did not write."""
+    if overwrite or not out.is_dir():
+        return
+    for name, is_own in _earlier_demo_parts(quick).items():
+        p = out / name
+        # a folder in a file's place (or a file in a folder's) is left alone: the write fails,
+        # naming it, and replaces nothing; an empty file or folder holds nothing to lose
+        if name.endswith((".md", ".json")):
+            held = p.is_file() and p.stat().st_size > 0
+        else:
+            held = p.is_dir() and any(p.iterdir())
+        if held and not is_own(p):
+            raise ValueError(f"--out {out}: {p} was not written by an earlier `workbench demo`; "
+                             "choose a new folder or pass --overwrite to replace it")
+
+
+def run_demo(out: Path, quick: bool = False, overwrite: bool = False) -> int:
     from workbench.report.accuracy_table import accuracy_table, write_table
     from workbench.synthetic import H3_SYNTHETIC, small_config, synthetic_qkv
 
+    check_demo_out(out, quick=quick, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     cfg = small_config(seq_len=2048, heads=4) if quick else H3_SYNTHETIC

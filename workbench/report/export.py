@@ -27,6 +27,10 @@ from workbench.recipes import get_recipe
 DEFAULT_BROWSER = "/usr/bin/chromium"
 FIG_WIDTH, FIG_HEIGHT = 1000, 560  # layout size in CSS pixels
 PNG_SCALE = 2  # PNGs are FIG_WIDTH * 2 x FIG_HEIGHT * 2 pixels
+# What write_report (and write_scan_report) put in --out, and the report.json keys that tell an
+# earlier report from a user's files there (cli_args.check_no_clobber).
+REPORT_FILES = ("report.md", "report.json", "figures")
+REPORT_MARKER = ("report.json", ("store", "step", "layer", "table", "readout", "figures"))
 
 
 def plotlyjs_name() -> str:

@@ -11,6 +11,8 @@ import json
 import time
 from pathlib import Path
 
+SCAN_REPORT_MARKER = ("report.json", ("scan", "params", "figures", "plan"))  # see REPORT_MARKER
+
 
 def write_scan_report(scan, out, *, plan=None, formats=("png", "svg", "html"),
                       recipe: str | None = None, step: int | None = None, log=print) -> Path:
