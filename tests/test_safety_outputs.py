@@ -260,3 +260,23 @@ def test_generate_and_compare_refuse_an_out_inside_a_store(store, tmp_path, caps
                      "--steps", "2", "--quiet", "--out", inner)
     refused(rc, err, "compare", "--out", inner, "inside the zarr store")
     assert digest(store) == before
+
+
+def test_bench_report_files_are_checked_before_any_gpu_work(store, tmp_path, capsys):
+    """``workbench bench`` (and ``bench sparse`` / ``bench dit``) refuse --json / --markdown
+    paths inside a store or naming a file that is not an earlier bench output, at parse time."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    mine = tmp_path / "mine.md"
+    mine.write_text("# my page\n")
+    before = digest(store), notes.read_text(), mine.read_text()
+    cases = [(["bench", "--json", store / "zarr.json"], "inside the zarr store"),
+             (["bench", "--json", notes], "not an earlier bench report"),
+             (["bench", "--markdown", notes], "not a markdown (.md) file"),
+             (["bench", "sparse", "--json", notes], "not an earlier bench report"),
+             (["bench", "sparse", "--markdown", mine], "not an earlier bench table"),
+             (["bench", "dit", "--markdown", store / "t.md"], "inside the zarr store")]
+    for args, needle in cases:
+        rc, _, err = cli(capsys, *args)
+        assert rc == 2 and needle in err and "Traceback" not in err, (args, err)
+    assert (digest(store), notes.read_text(), mine.read_text()) == before

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from .peers import ALL_PEERS, DEFAULT_PEERS
-from .tables import add_board_argument, check_board_s, markdown
+from .tables import add_board_argument, check_board_s, check_report_files, markdown
 
 DEFAULT_SHAPES = ["1,32626,56,128", "1,8192,56,128", "1,16384,56,128", "1,65536,56,128"]
 __all__ = ["DEFAULT_SHAPES", "main", "markdown", "parse_shape", "register", "run"]
@@ -84,6 +84,7 @@ def check_args(args) -> None:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
     check_board_s(getattr(args, "board_s", 0.0))
+    check_report_files(args, markdown_appends=True)
 
 
 def git_commit() -> str | None:

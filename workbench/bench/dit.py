@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .sparse import DENSE_RECIPE, DENSITIES, SOL_RECIPE, parse_checked, sync, write_report
+from .tables import check_report_files
 
 # the live layout: text rows, audio rows, video patch grid (frames, rows, columns)
 H3_TEXT, H3_AUDIO, H3_VIDEO_GRID = 14, 356, (32, 24, 42)
@@ -230,6 +231,7 @@ def check_args(args: argparse.Namespace) -> None:
     bad = [d for d in args.densities if not 0.0 < d <= 1.0]
     if bad:
         raise ValueError(f"--densities: {bad} not in (0, 1]")
+    check_report_files(args)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

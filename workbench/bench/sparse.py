@@ -51,7 +51,14 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .tables import BOARD_HEADER, BOARD_NOTE, add_board_argument, board_cell, check_board_s
+from .tables import (
+    BOARD_HEADER,
+    BOARD_NOTE,
+    add_board_argument,
+    board_cell,
+    check_board_s,
+    check_report_files,
+)
 
 DENSITIES = (0.10, 0.20, 0.35, 0.50, 1.0)
 SOL_RECIPE = "fp8_sol_kv_corrected"
@@ -785,6 +792,7 @@ def check_args(args: argparse.Namespace) -> None:
                          f"{sol.sol_threshold!r}, --threshold is {args.threshold!r} (the bench "
                          f"sets it for every Sol row): pass --threshold {sol.sol_threshold}")
     check_board_s(args.board_s)
+    check_report_files(args)
 
 
 def parse_checked(argv, prog: str, description: str, add, check) -> argparse.Namespace:

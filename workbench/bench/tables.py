@@ -8,6 +8,8 @@ rel_l2, cosine, and emu_rel_l2 / read_tbs / note where they apply).
 
 from __future__ import annotations
 
+import os
+
 TIMED = ("full", "kernel")
 
 ACCURACY_NOTE = (
@@ -160,3 +162,49 @@ def sweep_markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['label']} | {r['part']} | {ms} | {rate} | "
                      f"{_fmt(r.get('rel_l2'), '.4e')} | {same} |")
     return "\n".join(lines) + "\n"
+
+
+def _is_bench_json(path) -> bool:
+    """An earlier bench report: a JSON object with its "rows" (and "env" or "config")."""
+    import json
+
+    try:
+        data = json.loads(open(path).read())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and "rows" in data and ("env" in data or "config" in data)
+
+
+_BENCH_MD_STARTS = ("Device ", "MiniMax-H3 transformer, full width")
+
+
+def _is_bench_markdown(path) -> bool:
+    """An earlier bench table: markdown whose first line is one of the benches' headers."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().startswith(_BENCH_MD_STARTS)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def check_report_files(args, *, markdown_appends: bool = False) -> None:
+    """Refuse --json / --markdown paths before any GPU work: never inside a zarr store; an
+    existing --json replaced only when it is an earlier bench report, an existing --markdown
+    replaced only when it is an earlier bench table (appended to when ``markdown_appends``:
+    then any markdown file, e.g. BENCHMARKS.md, but no other kind of file)."""
+    from workbench.capture.storefs import check_not_inside_store
+    from workbench.cli_args import check_out_file
+
+    if getattr(args, "json", None):
+        check_not_inside_store(args.json, "--json")
+        check_out_file(args.json, "--json", own=_is_bench_json, kind="bench report")
+    md = getattr(args, "markdown", None)
+    if md:
+        check_not_inside_store(md, "--markdown")
+        if markdown_appends:
+            if os.path.isfile(md) and os.path.getsize(md) and not str(md).endswith(".md"):
+                raise ValueError(f"--markdown {md}: exists and is not a markdown (.md) file; "
+                                 "the tables are appended to one: choose another path")
+            check_out_file(md, "--markdown", own=lambda p: True, kind="markdown file")
+        else:
+            check_out_file(md, "--markdown", own=_is_bench_markdown, kind="bench table")
