@@ -189,6 +189,32 @@ def test_demo_replaces_its_own_results_and_refuses_a_users_file(store, tmp_path,
     assert not (store / "demo").exists()
 
 
+def test_a_run_interrupted_midway_is_still_its_own_for_overwrite_and_demo(store, tmp_path,
+                                                                          capsys):
+    """The result's record (report.json) is written last; an interrupted run leaves the folder's
+    writing mark instead, so --overwrite, and a second demo, still know its partial files."""
+    from workbench.cli_args import WRITING_MARK, writing_mark
+
+    out = tmp_path / "r"
+    with pytest.raises(KeyboardInterrupt):
+        with writing_mark(out, "report"):
+            (out / "report.md").write_text("half a report\n")
+            raise KeyboardInterrupt
+    assert (out / WRITING_MARK).is_file()
+    args = ["report", store, *FAST, "--formats", "html", "--out", out]
+    rc, _, err = cli(capsys, *args)
+    refused(rc, err, "report", "--out", out, "already holds report.md", "--overwrite")
+    assert cli(capsys, *args, "--overwrite")[0] == 0
+    assert json.loads((out / "report.json").read_text()) and not (out / WRITING_MARK).exists()
+    demo = tmp_path / "demo"
+    with pytest.raises(KeyboardInterrupt):
+        with writing_mark(demo / "report", "demo"):
+            (demo / "report" / "report.md").write_text("half\n")
+            raise KeyboardInterrupt
+    assert cli(capsys, "demo", "--out", demo, "--quick")[0] == 0
+    assert not (demo / "report" / WRITING_MARK).exists()
+
+
 # -- 3. compare --recipes: distinct folders ------------------------------------------------------
 
 def test_compare_gives_clashing_recipe_names_distinct_folders(tmp_path, capsys):
@@ -280,3 +306,19 @@ def test_bench_report_files_are_checked_before_any_gpu_work(store, tmp_path, cap
         rc, _, err = cli(capsys, *args)
         assert rc == 2 and needle in err and "Traceback" not in err, (args, err)
     assert (digest(store), notes.read_text(), mine.read_text()) == before
+
+
+def test_generate_refuses_a_store_as_out_and_a_plain_zarr_json_is_no_store(store, tmp_path,
+                                                                          capsys):
+    before = digest(store)
+    rc, _, err = cli(capsys, "generate", "--model", "h3-tiny", "--steps", "2", "--quiet",
+                     "--out", store)
+    refused(rc, err, "generate", "--out", store, "is the zarr store")
+    assert digest(store) == before
+    # a project folder that merely has a file named zarr.json is not a store
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "zarr.json").write_text('{"mine": true}')
+    rc, _, err = cli(capsys, "generate", "--model", "h3-tiny", "--steps", "2", "--quiet",
+                     "--out", proj / "clip")
+    assert rc == 0, err

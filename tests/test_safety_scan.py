@@ -148,7 +148,7 @@ def test_interrupted_overwrite_keeps_the_old_scan(copy, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline, n_done = time.time() + 120, 0
     while time.time() < deadline and proc.poll() is None and n_done < 4:
-        n_done = sum(p.is_file() for d in tmp_path.glob(f".{copy.name}.new-*/done/c")
+        n_done = sum(p.is_file() for d in tmp_path.glob(f".{copy.name}.overwrite/done/c")
                      for p in d.rglob("*"))
         time.sleep(0.01)
     assert proc.poll() is None, f"the scan ended before the interrupt: {proc.stderr.read()[-500:]}"
@@ -156,7 +156,16 @@ def test_interrupted_overwrite_keeps_the_old_scan(copy, tmp_path):
     proc.wait(60)
     assert proc.returncode != 0
     _assert_same(open_scan(copy), before)
+    # the new scan's finished tasks are kept beside it, and the same command continues them
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == \
+        [f".{copy.name}.overwrite"]
+    assert "run the same command again to continue it" in proc.stderr.read().decode()
+    done = subprocess.run([*_OVERWRITE, "--out", str(copy)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "continuing an unfinished --overwrite" in done.stderr
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert open_scan(copy).done.values.all()
 
 
 # -- 3. damaged values ---------------------------------------------------------------------------

@@ -9,9 +9,12 @@ any work starts. Every error is a ValueError (or argparse's own) naming the flag
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import tempfile
+import time
 from pathlib import Path
 
 MAX_LIST = 100_000  # longest list a range may expand to (a typo like 0-9999999999 is an error)
@@ -165,6 +168,31 @@ def _holds(path: Path) -> bool:
     return path.exists() and not (path.is_dir() and not any(path.iterdir()))
 
 
+# Left in an output folder while a command writes into it, removed when it finishes: a run
+# interrupted midway (Ctrl-C, a failed figure export) leaves it, and with it the folder's partial
+# files count as the command's own for --overwrite and a re-run of `make demo`, although the
+# result's record (report.json, config.json, ...) is written last and is missing.
+WRITING_MARK = ".workbench-writing"
+
+
+@contextlib.contextmanager
+def writing_mark(out, command: str):
+    """Mark the folder `out` (made if absent) as being written by `command` until the block
+    ends without an exception (``WRITING_MARK``)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    mark = out / WRITING_MARK
+    mark.write_text(json.dumps({"command": command, "pid": os.getpid(),
+                                "started_unix": time.time()}))
+    yield
+    mark.unlink(missing_ok=True)
+
+
+def interrupted_here(path) -> bool:
+    """Whether a workbench command was interrupted while writing into the folder `path`."""
+    return (Path(path) / WRITING_MARK).is_file()
+
+
 def check_no_clobber(path, names, *, flag: str = "--out", overwrite: bool = False,
                      marker: tuple[str, tuple[str, ...]] | None = None) -> None:
     """Refuse to write `names` into the folder `path` when it already holds one of them (an
@@ -189,7 +217,8 @@ def check_no_clobber(path, names, *, flag: str = "--out", overwrite: bool = Fals
                              "or pass --overwrite to replace the results in it")
         raise ValueError(f"{flag} {p}: already holds {held[0]}; choose a new folder, or pass "
                          "--overwrite to replace an earlier result there")
-    if marker is not None and not json_has_keys(p / marker[0], marker[1]):
+    if marker is not None and not json_has_keys(p / marker[0], marker[1]) and \
+            not interrupted_here(p):
         what = "is not" if (p / marker[0]).exists() else "is missing, so the folder is not"
         raise ValueError(f"{flag} {p}: --overwrite replaces only an earlier result of this "
                          f"command, and {p / marker[0]} {what} one (the folder holds {held[0]}); "

@@ -54,12 +54,38 @@ def is_capture_store(path: str | os.PathLike) -> bool:
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
 
 
+def _is_zarr_node(d: Path) -> bool:
+    """A zarr group or array: its metadata file parses as JSON with ``zarr_format`` (any file
+    merely named zarr.json, e.g. a project's own, does not make a folder a store)."""
+    for m in _ZARR_MARKERS:
+        meta = d / m
+        if meta.is_file():
+            try:
+                data = json.loads(meta.read_text())
+            except (OSError, ValueError, UnicodeDecodeError):
+                continue
+            if isinstance(data, dict) and "zarr_format" in data:
+                return True
+    return False
+
+
 def _outermost_store(path: Path) -> Path | None:
     found = None
     for d in (path, *path.parents):
-        if d.is_dir() and any((d / m).is_file() for m in _ZARR_MARKERS):
+        if d.is_dir() and _is_zarr_node(d):
             found = d
     return found
+
+
+def check_outside_stores(path: str | os.PathLike, flag: str = "") -> None:
+    """Refuse an output folder that is a zarr store or lies inside one (``enclosing_store``),
+    naming both: its files would land in that store's tree."""
+    outer = enclosing_store(path)
+    if outer is not None:
+        where = f"{flag} {path}" if flag else str(path)
+        what = "is" if Path(os.path.realpath(path)) == outer else "lies inside"
+        raise CaptureStoreError(f"{where}: {what} the zarr store {outer}; writing there would "
+                                "change that store: choose a folder outside it")
 
 
 def enclosing_store(path: str | os.PathLike) -> Path | None:

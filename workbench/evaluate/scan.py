@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.capture.storefs import sibling
 from workbench.metrics import BOUNDARIES, METRICS
 
 from .scan_store import (
@@ -42,9 +41,12 @@ from .scan_store import (
     check_out_path,
     default_scan_path,
     describe_gaps,
+    foreign_names,
+    is_scan_store,
     named_path,
     open_scan,
     remove_scan,
+    scan_attrs,
     store_fingerprint,
     swap_scan,
 )
@@ -399,21 +401,51 @@ def run_scan(store, recipes, *, out=None, steps=None, layers=None, heads=None,
     out = Path(out) if out is not None else default_scan_path(store)
     check_out_path(out, Path(store), overwrite=overwrite)
     # --overwrite builds the new scan in a hidden sibling and swaps it in only once it is
-    # complete: a failure or an interrupt (Ctrl-C) leaves the old scan as it was
+    # complete: a failure or an interrupt (Ctrl-C) leaves the old scan as it was, and the new
+    # one's finished tasks in the sibling, which the same command continues when run again
     target = named_path(out)  # "." has no name to make a sibling of
-    build = sibling(target, "new") if overwrite and out.exists() else out
+    build = overwrite_build_path(target) if overwrite and out.exists() else out
+    if build != out:
+        _prepare_build(build, params, log)
     # a running scheduler is reached and its workers checked before the scan store is written
     own = (None, connect_scheduler(scheduler, params.device)) if remote else None
     try:
         run = _scan_into(build, out, cap, params, ds, own=own, scheduler=scheduler,
                          workers=workers, client=client, progress=progress, log=log)
     except BaseException:
-        if build != out:
-            remove_scan(build)
+        if build != out and build.exists():
+            log(f"[scan] {out}: not replaced (interrupted or failed); the new scan's finished "
+                f"tasks are kept in {build}: run the same command again to continue it")
         raise
     if build != out:
         swap_scan(build, target)
-    return open_scan(out), run
+    return open_scan(target), run
+
+
+def overwrite_build_path(target: Path) -> Path:
+    """Where ``scan --overwrite`` builds the scan that replaces ``target`` (a hidden sibling with
+    a fixed name, so that an interrupted --overwrite is continued by the next one)."""
+    return target.parent / f".{target.name}.overwrite"
+
+
+def _prepare_build(build: Path, params: ScanParams, log) -> None:
+    """Keep an earlier --overwrite's partial scan at ``build`` when its parameters are these
+    (the scan continues it), remove it when they are not (it held only the replaced run's
+    own names); refuse anything else there, naming it."""
+    if build.is_symlink() or (build.exists() and not build.is_dir()):
+        raise ScanError(f"{build}: is not a scan folder; move it away (--overwrite builds its "
+                        "new scan there)")
+    if not build.exists():
+        return
+    if not is_scan_store(build) or foreign_names(build):
+        raise ScanError(f"{build}: holds files that are not an unfinished scan's; move them "
+                        "away (--overwrite builds its new scan there)")
+    stored = ScanParams.from_dict(scan_attrs(build)["params"])
+    if stored.mismatch(params):
+        log(f"[scan] {build}: an unfinished --overwrite with other parameters; removed")
+        remove_scan(build)
+    else:
+        log(f"[scan] {build}: continuing an unfinished --overwrite")
 
 
 def _scan_into(build: Path, out: Path, cap, params: ScanParams, ds, *, own, scheduler, workers,

@@ -12,7 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-from workbench.capture.storefs import check_not_inside_store
+from workbench.capture.storefs import check_outside_stores
 from workbench.cli_args import (
     CLIP_FILES,
     CLIP_MARKER,
@@ -24,6 +24,7 @@ from workbench.cli_args import (
     check_out_dir,
     nonneg_int,
     parse_int_list,
+    writing_mark,
 )
 
 DEFAULT_PROMPT = "a red ball bouncing"
@@ -81,7 +82,7 @@ def cmd_generate(args) -> int:
 
     _check_common(args)
     check_out_dir(args.out)
-    check_not_inside_store(args.out, "--out")
+    check_outside_stores(args.out, "--out")
     check_no_clobber(args.out, CLIP_FILES, overwrite=args.overwrite, marker=CLIP_MARKER)
     layers = parse_int_list(args.layers, "--layers")
     capture_steps = parse_int_list(args.capture_steps, "--capture-steps")
@@ -98,7 +99,8 @@ def cmd_generate(args) -> int:
         capture=args.capture, capture_layers=layers,
         capture_steps=capture_steps, progress=not args.quiet,
     )
-    out = write_clip(clip, args.out)
+    with writing_mark(args.out, "generate"):
+        out = write_clip(clip, args.out)
     calls = clip.config["attention_calls"]
     print(f"wrote {out} ({clip.video.shape[0]} frames, {clip.audio.numel()} audio samples) in "
           f"{clip.config['seconds']:.1f} s; recipe {clip.config['recipe_string']}; "
@@ -120,15 +122,16 @@ def cmd_compare(args) -> int:
         if not recipes:
             raise ValueError("--recipes: empty; give recipes like bf16,fp8_sol_kv_corrected")
         out = check_out_dir(args.out or "runs/compare")
-        check_not_inside_store(out, "--out")
+        check_outside_stores(out, "--out")
         check_no_clobber(out, None, overwrite=args.overwrite, marker=COMPARE_RECIPES_MARKER)
         h3 = _load(args)
         t0 = time.perf_counter()
-        _, table = compare_recipes(
-            h3, recipes, prompt=args.prompt, seed=args.seed, steps=args.steps, out=out,
-            dense_steps=args.dense_steps, dense_layers=args.dense_layers, backend=args.backend,
-            progress=not args.quiet,
-        )
+        with writing_mark(out, "compare"):
+            _, table = compare_recipes(
+                h3, recipes, prompt=args.prompt, seed=args.seed, steps=args.steps, out=out,
+                dense_steps=args.dense_steps, dense_layers=args.dense_layers,
+                backend=args.backend, progress=not args.quiet,
+            )
         print(f"model {h3.name}, prompt {args.prompt!r}, seed {args.seed}, "
               f"steps {args.steps or h3.config.default_steps}, device {args.device}; "
               f"against {recipes[0]}:\n")
@@ -143,9 +146,10 @@ def cmd_compare(args) -> int:
             raise ValueError(f"{d}: not a clip folder (video.mp4 / clip.safetensors)")
     out = args.out or str(Path(b).parent / f"compare_{Path(a).name}_{Path(b).name}")
     check_out_dir(out)
-    check_not_inside_store(out, "--out")
+    check_outside_stores(out, "--out")
     check_no_clobber(out, COMPARE_FILES, overwrite=args.overwrite, marker=COMPARE_MARKER)
-    m = compare_dirs(a, b, out)
+    with writing_mark(out, "compare"):
+        m = compare_dirs(a, b, out)
     from workbench.metrics.media import media_table
 
     print(media_table({Path(b).name: m}, Path(a).name))

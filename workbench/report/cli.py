@@ -14,6 +14,7 @@ from workbench.cli_args import (
     check_out_file,
     parse_int_list,
     positive_int,
+    writing_mark,
 )
 from workbench.recipes import get_recipe
 
@@ -166,9 +167,10 @@ def cmd_report(args) -> int:
     if bad:
         raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
     check_no_clobber(out, REPORT_FILES, overwrite=args.overwrite, marker=REPORT_MARKER)
-    md = write_report(args.store, args.a, args.b, out, step=args.step, layer=args.layer,
-                      heads=heads, n_queries=args.queries, formats=formats,
-                      device=args.device, html_inline=args.html_inline, causal=args.causal)
+    with writing_mark(out, "report"):
+        md = write_report(args.store, args.a, args.b, out, step=args.step, layer=args.layer,
+                          heads=heads, n_queries=args.queries, formats=formats,
+                          device=args.device, html_inline=args.html_inline, causal=args.causal)
     print(md)
     return 0
 
@@ -183,8 +185,9 @@ def cmd_scan_report(args) -> int:
         raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
     out = check_out_folder(args.out)
     check_no_clobber(out, REPORT_FILES, overwrite=args.overwrite, marker=SCAN_REPORT_MARKER)
-    md = write_scan_report(args.scan, out, plan=args.plan, formats=formats,
-                           recipe=args.recipe, step=args.step)
+    with writing_mark(out, "scan-report"):
+        md = write_scan_report(args.scan, out, plan=args.plan, formats=formats,
+                               recipe=args.recipe, step=args.step)
     print(md)
     return 0
 

@@ -20,21 +20,25 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.cli_args import writing_mark
+
 
 def _earlier_demo_parts(quick: bool) -> dict:
     """{name under --out: predicate that recognises the demo's own earlier result there}."""
-    from workbench.cli_args import COMPARE_RECIPES_MARKER, json_has_keys
+    from workbench.cli_args import COMPARE_RECIPES_MARKER, interrupted_here, json_has_keys
     from workbench.report.accuracy_table import is_table_json, is_table_markdown
     from workbench.report.export import REPORT_MARKER
 
     parts = {
         "accuracy_table.md": is_table_markdown,
         "accuracy_table.json": is_table_json,
-        "report": lambda p: json_has_keys(p / REPORT_MARKER[0], REPORT_MARKER[1]),
+        # a folder the demo was interrupted writing (interrupted_here) is its own too
+        "report": lambda p: (json_has_keys(p / REPORT_MARKER[0], REPORT_MARKER[1])
+                             or interrupted_here(p)),
     }
     if not quick:
         name, keys = COMPARE_RECIPES_MARKER
-        parts["compare"] = lambda p: json_has_keys(p / name, keys)
+        parts["compare"] = lambda p: json_has_keys(p / name, keys) or interrupted_here(p)
     return parts
 
 
@@ -90,8 +94,9 @@ def demo_compare(out: Path) -> int:
     t0 = time.perf_counter()
     recipes = ["bf16", "fp8_sol_unsmoothed", "fp8_sol_kv_corrected"]
     h3 = load_model("h3-nano")
-    _, table = compare_recipes(h3, recipes, prompt=DEFAULT_PROMPT, seed=0, out=out,
-                               progress=False)
+    with writing_mark(out, "demo"):
+        _, table = compare_recipes(h3, recipes, prompt=DEFAULT_PROMPT, seed=0, out=out,
+                                   progress=False)
     print(f"model {h3.name}, prompt {DEFAULT_PROMPT!r}, seed 0, steps {h3.config.default_steps}, "
           f"device cpu; against {recipes[0]}:\n")
     print(table)
@@ -119,7 +124,8 @@ def demo_report(out: Path) -> int:
               "HTML only, no PNG/SVG; kaleido needs Chromium for those: run `bash "
               "scripts/ensure_chromium.sh` as root (Debian's chromium package)", file=sys.stderr)
         formats = ("html",)
-    md = write_report(store, "fp8_sol_unsmoothed", "fp8_sol_kv_corrected", out, formats=formats,
-                      log=lambda m: print("[demo] " + m, file=sys.stderr))
+    with writing_mark(out, "demo"):
+        md = write_report(store, "fp8_sol_unsmoothed", "fp8_sol_kv_corrected", out,
+                          formats=formats, log=lambda m: print("[demo] " + m, file=sys.stderr))
     print(f"[demo] report -> {md}", file=sys.stderr)
     return 0
