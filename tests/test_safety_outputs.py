@@ -9,7 +9,6 @@ Real stores (a copy of the shipped capture, a real scan of it), real CLI runs in
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -18,26 +17,12 @@ from pathlib import Path
 import pytest
 
 from workbench.capture import open_capture
-from workbench.cli import main
+
+from test_store_safety import cli, digest  # noqa: E402  (one-line CLI runs, tree digests)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "captures" / "demo_h3_nano.zarr"
 FAST = ["--queries", "8"]
-
-
-def digest(root: Path) -> dict[str, str]:
-    """sha256 of every file under root (relative path -> hex)."""
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        rc = main([str(a) for a in args])
-    except SystemExit as exc:  # argparse's own usage errors
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def refused(rc: int, err: str, command: str, *needles) -> str:

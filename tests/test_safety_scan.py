@@ -14,12 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from workbench.cli import main
 from workbench.evaluate.scan import run_scan
-from workbench.evaluate.scan_store import METRIC_NAMES, ScanError, open_scan
+from workbench.evaluate.scan_store import ScanError, open_scan
 
 ROOT = Path(__file__).resolve().parents[1]
 STORE = ROOT / "captures" / "demo_h3_nano.zarr"
@@ -60,17 +59,7 @@ def small_capture(tmp_path):
     return store
 
 
-def _numbers(ds):
-    keep = [m for m in METRIC_NAMES if m != "seconds"]
-    return {v: ds[v].sel(metric=keep).values if "metric" in ds[v].dims else ds[v].values
-            for v in ("entry_metrics", "head_metrics", "row_sq_err", "row_sq_err_head",
-                      "benefit", "head_benefit", "done")}
-
-
-def _assert_same(a, b):
-    na, nb = _numbers(a), _numbers(b)
-    for v in na:
-        np.testing.assert_array_equal(na[v], nb[v], err_msg=v)
+from test_scan import _assert_same  # noqa: E402  (every number of a scan, timing aside)
 
 
 def _cli_error(argv, capsys) -> str:
