@@ -124,6 +124,27 @@ def test_overwrite_builds_beside_and_swaps(copy, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_a_damaged_root_is_replaced_only_with_overwrite(scan, copy, tmp_path, capsys):
+    (copy / "zarr.json").write_text((copy / "zarr.json").read_text()[:40])  # truncated
+    err = _cli_error(["scan", str(STORE), *CLI_SMALL, "--out", str(copy)], capsys)
+    assert str(copy) in err and "zarr.json is damaged: pass --overwrite" in err
+    ds, _ = run_scan(STORE, RECIPES, out=copy, overwrite=True, **SMALL)
+    _assert_same(ds, open_scan(scan))
+
+
+def test_a_swap_interrupted_between_its_renames_is_named(scan, copy, tmp_path, capsys):
+    """Killed between moving the old scan aside and moving the new one in: nothing at --out, a
+    scan in each sibling; the next scan there names both instead of starting over."""
+    (tmp_path / f".{copy.name}.replaced-1-2").mkdir()
+    for p in (copy.iterdir()):
+        p.rename(tmp_path / f".{copy.name}.replaced-1-2" / p.name)
+    copy.rmdir()
+    shutil.copytree(scan, tmp_path / f".{copy.name}.overwrite")
+    err = _cli_error(["scan", str(STORE), *CLI_SMALL, "--out", str(copy)], capsys)
+    assert "interrupted --overwrite" in err and f".{copy.name}.overwrite" in err
+    assert f".{copy.name}.replaced-1-2" in err and not copy.exists()
+
+
 _OVERWRITE = [sys.executable, "-m", "workbench", "scan", str(STORE), "--recipes",
               "fp8_dense,fp8_dense_k,fp8_dense_kv_corrected", "--queries", "64",
               "--scheduler", "synchronous", "--device", "cpu", "--quiet", "--overwrite"]

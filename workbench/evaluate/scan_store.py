@@ -170,6 +170,17 @@ def foreign_names(path: Path, limit: int = 5) -> list[str]:
     return out[:limit]
 
 
+def interrupted_swap(out: Path) -> list[Path]:
+    """What a ``scan --overwrite`` interrupted between its two renames leaves beside a missing
+    ``out``: the finished new scan (``.NAME.overwrite``) and the old one (``.NAME.replaced-*``)."""
+    p = Path(os.path.abspath(out))
+    if not p.parent.is_dir():
+        return []
+    return sorted(x for x in (p.parent / f".{p.name}.overwrite",
+                              *p.parent.glob(f".{p.name}.replaced-*"))
+                  if x.is_dir() and is_scan_store(x))
+
+
 def check_out_path(out: Path, capture: Path, overwrite: bool = False) -> None:
     """Refuse an output inside (or equal to) the capture store or any other zarr store, a
     non-scan directory, and for --overwrite a symbolic link or a scan folder holding other
@@ -183,8 +194,19 @@ def check_out_path(out: Path, capture: Path, overwrite: bool = False) -> None:
         raise ScanError(f"--out: {out} is a symbolic link (to {os.readlink(out)}); give the "
                         "scan store's real path")
     check_not_inside_store(out, "--out")
+    if not out.exists():
+        left = interrupted_swap(out)
+        if left:
+            raise ScanError(f"--out: {out} is missing, and an interrupted --overwrite left "
+                            f"{' and '.join(map(str, left))} beside it: rename the scan you "
+                            f"want to keep to {out.name}, or remove them")
     if out.exists() and not is_scan_store(out):
-        raise ScanError(f"--out: {out} exists and is not a scan store; choose another path")
+        # a scan store whose root metadata is damaged (its own names only) may be replaced
+        damaged = (out / "zarr.json").is_file() and not foreign_names(out)
+        if not (overwrite and damaged):
+            raise ScanError(f"--out: {out} exists and is not a scan store"
+                            + ("" if not damaged else " (its zarr.json is damaged: pass "
+                               "--overwrite to replace it)") + "; choose another path")
     if overwrite and out.exists():
         foreign = foreign_names(out)
         if foreign:
