@@ -298,7 +298,7 @@ def test_generate_refuses_a_store_as_out_and_a_plain_zarr_json_is_no_store(store
     before = digest(store)
     rc, _, err = cli(capsys, "generate", "--model", "h3-tiny", "--steps", "2", "--quiet",
                      "--out", store)
-    refused(rc, err, "generate", "--out", store, "is the zarr store")
+    refused(rc, err, "generate", "--out", store, "is or lies inside the zarr store")
     assert digest(store) == before
     # a project folder that merely has a file named zarr.json is not a store
     proj = tmp_path / "proj"

@@ -166,13 +166,9 @@ def sweep_markdown(rows: list[dict]) -> str:
 
 def _is_bench_json(path) -> bool:
     """An earlier bench report: a JSON object with its "rows" (and "env" or "config")."""
-    import json
+    from workbench.cli_args import json_has_keys
 
-    try:
-        data = json.loads(open(path).read())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(data, dict) and "rows" in data and ("env" in data or "config" in data)
+    return json_has_keys(path, ("rows", "env")) or json_has_keys(path, ("rows", "config"))
 
 
 _BENCH_MD_STARTS = ("Device ", "MiniMax-H3 transformer, full width")

@@ -24,7 +24,14 @@ from zarr.codecs import BytesCodec
 from .lock import StoreLock
 from .replay import open_capture
 from .schema import CHUNK_RECORD, STATUS_COMPLETE, CaptureStoreError, MetadataError
-from .storefs import check_target, make_dirs, remove_made_dirs, remove_store, sibling
+from .storefs import (
+    check_target,
+    make_dirs,
+    remove_made_dirs,
+    remove_store,
+    rename_into_place,
+    sibling,
+)
 from .writer import DEFAULT_CHUNK_BYTES, chunk_record, chunk_shape, codecs_for
 
 
@@ -108,9 +115,5 @@ def _swap_into_place(tmp: Path, dst: Path, kind: str) -> None:
         old = sibling(dst, "replaced")
         os.rename(dst, old)
         lock.moved(old)
-    try:
-        os.rename(tmp, dst)
-    except BaseException:
-        os.rename(old, dst)
-        raise
+    rename_into_place(tmp, dst, old)
     remove_store(old)

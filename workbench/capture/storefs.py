@@ -77,35 +77,32 @@ def _outermost_store(path: Path) -> Path | None:
     return found
 
 
-def check_outside_stores(path: str | os.PathLike, flag: str = "") -> None:
-    """Refuse an output folder that is a zarr store or lies inside one (``enclosing_store``),
-    naming both: its files would land in that store's tree."""
-    outer = enclosing_store(path)
-    if outer is not None:
-        where = f"{flag} {path}" if flag else str(path)
-        what = "is" if Path(os.path.realpath(path)) == outer else "lies inside"
-        raise CaptureStoreError(f"{where}: {what} the zarr store {outer}; writing there would "
-                                "change that store: choose a folder outside it")
-
-
 def enclosing_store(path: str | os.PathLike) -> Path | None:
     """The outermost directory at or above ``path`` (made absolute; symlinks followed too) that
-    is a zarr store of any kind (a ``zarr.json``, ``.zgroup`` or ``.zarray`` in it), or None. A
-    file or store written below it would land inside that store's tree."""
+    is a zarr store of any kind (``_is_zarr_node``), or None. A file or store written below it
+    would land inside that store's tree."""
     p = Path(os.path.abspath(path))
     real = Path(os.path.realpath(p))
     return _outermost_store(p) or (_outermost_store(real) if real != p else None)
 
 
-def check_not_inside_store(path: str | os.PathLike, flag: str = "") -> None:
-    """Refuse ``path`` when a folder above it is a zarr store (``enclosing_store`` of its
-    parent): writing there would change that store. Names both paths."""
-    p = Path(path)
-    where = f"{flag} {p}" if flag else str(p)
-    outer = enclosing_store(Path(os.path.abspath(p)).parent)
+def check_outside_stores(path: str | os.PathLike, flag: str = "", *,
+                         above_only: bool = False) -> None:
+    """Refuse ``path`` when it is a zarr store or lies inside one (``enclosing_store``), naming
+    both: what is written there would change that store. above_only: only a folder above
+    ``path`` counts (an output file, or a store writer whose own path may be the store it
+    replaces)."""
+    probe = Path(os.path.abspath(path)).parent if above_only else path
+    outer = enclosing_store(probe)
     if outer is not None:
-        raise CaptureStoreError(f"{where}: lies inside the zarr store {outer}; writing there "
-                                "would change that store: choose a path outside it")
+        where = f"{flag} {path}" if flag else str(path)
+        raise CaptureStoreError(f"{where}: is or lies inside the zarr store {outer}; writing "
+                                "there would change that store: choose a path outside it")
+
+
+def check_not_inside_store(path: str | os.PathLike, flag: str = "") -> None:
+    """``check_outside_stores(path, flag, above_only=True)``."""
+    check_outside_stores(path, flag, above_only=True)
 
 
 def foreign_names(store: Path, limit: int = 5) -> list[str]:
@@ -187,17 +184,31 @@ def replaced_leftovers(path: str | os.PathLike) -> list[Path]:
     return sorted(x for x in p.parent.glob(f".{p.name}.replaced-*") if x.is_dir())
 
 
-def remove_store_files(store: Path, keep_lock: bool = False) -> None:
-    """Delete the store-owned names of ``store`` (not the directory, not other files);
-    ``keep_lock``: leave the lock file to its holder's release."""
-    for name in STORE_NAMES:
-        if keep_lock and name == LOCK_NAME:
-            continue
-        p = store / name
+def remove_owned(folder: Path, names) -> None:
+    """Delete the entries ``names`` of ``folder`` (the names a store layout owns), nothing else:
+    never a whole tree blindly."""
+    for name in names:
+        p = folder / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         elif p.exists() or p.is_symlink():
             p.unlink()
+
+
+def rename_into_place(new: Path, dst: Path, aside: Path) -> None:
+    """Rename the finished ``new`` to ``dst``, whose old content was just renamed to ``aside``;
+    if that fails, ``aside`` goes back to ``dst`` (the second half of a swap by renames)."""
+    try:
+        os.rename(new, dst)
+    except BaseException:
+        os.rename(aside, dst)
+        raise
+
+
+def remove_store_files(store: Path, keep_lock: bool = False) -> None:
+    """Delete the store-owned names of ``store`` (not the directory, not other files);
+    ``keep_lock``: leave the lock file to its holder's release."""
+    remove_owned(store, [n for n in STORE_NAMES if not (keep_lock and n == LOCK_NAME)])
 
 
 def remove_store(store: Path) -> None:

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -72,16 +71,10 @@ def plan_grid_text(plan, steps, layers) -> str:
 
 def is_plan_file(path: Path) -> bool:
     """A file holding a plan JSON (the ``workbench_plan`` key), as ``workbench plan`` writes."""
+    from workbench.cli_args import json_has_keys
     from workbench.recipes.plan import PLAN_MARKER
 
-    try:
-        # a plan is small: a big file is something else, and is not read whole to find out
-        if not path.is_file() or path.stat().st_size > 64 * 2**20:
-            return False
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and PLAN_MARKER in data
+    return json_has_keys(path, (PLAN_MARKER,))
 
 
 def check_plan_out(out: Path, force: bool) -> None:

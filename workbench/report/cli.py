@@ -22,13 +22,10 @@ from workbench.recipes import get_recipe
 def check_out_folder(path, flag: str = "--out") -> Path:
     """check_out_dir, and neither a zarr store nor inside one: files written there would change
     that store (a capture store with foreign files is no longer replaceable or verifiable)."""
-    from workbench.capture.storefs import enclosing_store
+    from workbench.capture.storefs import check_outside_stores
 
     p = check_out_dir(path, flag)
-    outer = enclosing_store(p)
-    if outer is not None:
-        raise ValueError(f"{flag} {p}: is or lies inside the zarr store {outer}; writing there "
-                         "would change that store: choose a folder outside it")
+    check_outside_stores(p, flag)
     return p
 
 
