@@ -8,8 +8,7 @@ num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling
 scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse recipes' BF16 baselines).
 ``"schedule": "warp_specialized"`` (with ``num_stages``; ``row_sum``: "p_operand" for P @ ones on
-the tensor cores; ``accumulation``: "reduced_pv" for P @ V never flushed) compiles the dense
-Gluon kernel (``attention_fp8_ws``) instead, with
+the tensor cores) compiles the dense Gluon kernel (``attention_fp8_ws``) instead, with
 ``"sparse": true`` the warp-specialized exact tiles (``attention_fp8_ws_lists``); their main loop
 is one consumer's loop.
 ``"sparse": true`` compiles the block-sparse specialization (routing
@@ -145,9 +144,8 @@ def compile_ws(overrides: dict, ints: dict):
 
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
                                                     if k not in ("p_scaling", "perm_p",
-                                                                 "row_sum", "accumulation")})
+                                                                 "row_sum")})
     cst = dict(_ws_constexprs({**overrides, "num_stages": cfg.num_stages}), N_CONS=CONSUMERS,
-               PV_ACC=overrides.get("accumulation", "fp32") == "reduced_pv",
                **_ws_row_sum_constexprs(overrides))
     kernel = _compile_gluon(ws, _ws_types(128, 128), cst, ints)
     return kernel, dataclasses.replace(cfg, maxnreg=MAXNREG)

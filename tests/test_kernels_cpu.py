@@ -264,17 +264,6 @@ def test_dispatch_support_rules():
         assert dispatch.unsupported_reason(q, k, v, rec) is None
     with pytest.raises(ValueError, match="p_scaling"):
         fp8_attention_fwd(None, num_heads=1, scale=1.0, p_scaling="rowmax")
-    # P @ V never flushed: the dense warp-specialized kernel's form only (compiled, head dim
-    # 128, the tensor cores' own 13-bit truncating accumulator); "reduced" is refused
-    pv = "fp8_dense_kv_corrected:accumulation=reduced_pv,accum_flush_keys=0"
-    assert "dense E4M3" in dispatch.unsupported_reason(q, k, v, dispatch.get_recipe(pv))
-    q, k, v = biased_qkv(B=1, S=64, H=1, Hkv=1, D=128)
-    for spec, why in ((pv, "interpreter"), (pv + ",sparsity=sol", "dense E4M3"),
-                      (pv.replace("=0", "=128"), "never flushed"),
-                      ("fp8_dense:accumulation=reduced", "not 'reduced'")):
-        assert why in dispatch.unsupported_reason(q, k, v, dispatch.get_recipe(spec)), spec
-    with pytest.raises(ValueError, match="warp-specialized kernel"):
-        dispatch.fp8_recipe_attention(q, k, v, pv)
 
 
 def test_former_tuning_keywords_still_work_with_a_deprecation_warning():

@@ -50,8 +50,6 @@ def test_overrides_parse_and_print():
         ("fp8_dense:vsa_keep=0", "vsa_keep"),
         ("fp8_dense:qk_block=abc", "qk_block"),
         ("fp8_dense:accumulation=reduced,accum_rounding=stochastic", "accum_rounding"),
-        ("fp8_dense:accumulation=reduced_pv,accum_flush_keys=-1", "accum_flush_keys"),
-        ("fp8_dense:accumulation=tf32", "accumulation"),
         ("fp8_dense:nonsense=1", "nonsense"),
         ('{"qk_format": "fp16"}', "qk_format"),
         ('{"bogus": 1}', "bogus"),

@@ -94,22 +94,17 @@ def _quantize_p(p: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
     return round_to_e4m3(p)
 
 
-def _pv(p: torch.Tensor, v: torch.Tensor, recipe: AttentionRecipe, state: dict,
-        row_sum: bool = False) -> torch.Tensor:
+def _pv(p: torch.Tensor, v: torch.Tensor, recipe: AttentionRecipe, state: dict) -> torch.Tensor:
     """P [.., n, c] @ V [.., c, D] with the recipe's accumulator. Returns the fp32 partial sum.
-    row_sum: V is the ones column of a "p_operand" row sum ("reduced_pv" sums it in FP32).
 
     "reduced": the inner accumulator keeps accum_mantissa_bits bits after every 32-key MMA step
     (the FP8 wgmma K width), dropping bits as ``accum_rounding`` says ("truncate": Hopper's FP8
     wgmma as measured, ``quant.mma_step_truncating``; "nearest": the step sum rounded to nearest),
-    and is flushed into FP32 every accum_flush_keys keys (0: never; what is left in it is added
-    after the last chunk). The rows' max is the final one here (two passes), so the kernel's
-    FP32 rescales of its accumulator when a row max grows are not modelled. V here carries its
-    channel scale; the tensor cores cut products of the codes, so with a scale that is no power
-    of two the cut points move (the drift's statistics do not: FA3 FP8 emulated 0.352 vs 0.339
-    measured).
+    and is flushed into FP32 every accum_flush_keys keys. V here carries its channel scale; the
+    tensor cores cut products of the codes, so with a scale that is no power of two the cut
+    points move (the drift's statistics do not: FA3 FP8 emulated 0.352 vs 0.339 measured).
     """
-    if recipe.accumulation == "fp32" or (row_sum and recipe.accumulation == "reduced_pv"):
+    if recipe.accumulation == "fp32":
         return p @ v
     bits, flush = recipe.accum_mantissa_bits, recipe.accum_flush_keys
     inner = state.get("inner")
@@ -124,7 +119,7 @@ def _pv(p: torch.Tensor, v: torch.Tensor, recipe: AttentionRecipe, state: dict,
         else:
             inner = round_to_mantissa(inner + ps @ vs, bits)
         count += min(32, p.shape[-1] - s)
-        if flush and count >= flush:
+        if count >= flush:
             outer += inner
             inner = torch.zeros_like(inner)
             count = 0
@@ -206,7 +201,7 @@ def _attend(
         pq = _quantize_p(p, recipe).to(dt)
         if recipe.row_sum == "p_operand":
             ones = torch.ones((s1 - s0, 1), device=qs.device, dtype=dt)
-            row_sum += _pv(pq, ones, recipe, state_l, row_sum=True)[..., 0]
+            row_sum += _pv(pq, ones, recipe, state_l)[..., 0]
         else:
             row_sum += p.sum(-1)
         acc += _pv(pq, v[:, :, s0:s1], recipe, state)

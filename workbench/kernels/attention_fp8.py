@@ -76,10 +76,6 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The recipe's p_scaling -> c in P = 2^(s - m + c) (see the module docstring)
 P_LOG2_SCALES = {"unit": 0.0, "exp2_offset8": 8.0, "rowmax448": math.log2(448.0)}
-# The recipe accumulations of P @ V the kernels implement: "fp32" (every kernel: a fresh
-# accumulator per tile, flushed in FP32) and "reduced_pv" with 13 bits, truncating, never
-# flushed (the dense warp-specialized kernel: P @ V into the accumulator itself; ``recipe.py``)
-ACCUMULATIONS = ("fp32", "reduced_pv")
 
 
 @triton.jit
@@ -669,7 +665,6 @@ def fp8_attention_fwd(
     config: AttentionConfig = DEFAULT.attention,
     routing=None,
     sparse: SparseConfig = DEFAULT.sparse,
-    accumulation: str = "fp32",
 ):
     """Attention on a ``quantize.QuantizedQKV``. Returns (out [B, S, H, D], lse [B, H, S] or None).
 
@@ -684,16 +679,11 @@ def fp8_attention_fwd(
     the quantizer): only the key blocks of each query block's exact list run, and Sol's summary
     route adds the other blocks (when ``routing.kc`` is set); needs config.block_m = 64. sparse:
     its schedule, KV splits and summary route (``config.SparseConfig``).
-    accumulation: the recipe's P @ V accumulation, "fp32" or "reduced_pv" (never flushed: the
-    dense warp-specialized kernel only, E4M3 head dim 128 on the GPU; ``ACCUMULATIONS``).
     """
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
     if row_sum not in ROW_SUMS:
         raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
-    if accumulation not in ACCUMULATIONS:
-        raise ValueError(f"accumulation: {accumulation!r}; the kernels implement "
-                         f"{list(ACCUMULATIONS)}")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
@@ -702,13 +692,8 @@ def fp8_attention_fwd(
         raise ValueError(f"flush='fma' flushes after head_dim={D} FP8 terms, more than "
                          f"max_imprecise={c.max_imprecise}; use flush='triton'")
     interp = interpreting()
-    ws_dense = (c.dense_schedule == "warp_specialized" and routing is None and not interp
-                and qkv.q8.dtype == torch.float8_e4m3fn and D == 128)
-    if accumulation != "fp32" and not ws_dense:
-        raise ValueError(f"accumulation={accumulation!r}: the dense warp-specialized kernel "
-                         "only (E4M3, head dim 128, compiled for the GPU, no routing, "
-                         "AttentionConfig.dense_schedule='warp_specialized')")
-    if ws_dense:
+    if (c.dense_schedule == "warp_specialized" and routing is None and not interp
+            and qkv.q8.dtype == torch.float8_e4m3fn and D == 128):
         # the Gluon kernel (dense E4M3, head dim 128, compiled): the programs kernel's values on
         # another schedule (config.AttentionConfig.schedule)
         from .attention_fp8_ws import fp8_attention_fwd_ws
@@ -716,8 +701,7 @@ def fp8_attention_fwd(
         return fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
                                     out_dtype=out_dtype, row_start=row_start,
                                     return_lse=return_lse, out_f32=out_f32, p_scaling=p_scaling,
-                                    row_sum=row_sum, stages=c.num_stages,
-                                    accumulation=accumulation)
+                                    row_sum=row_sum, stages=c.num_stages)
     bf16_ops = qkv.q8.dtype == torch.bfloat16  # quantize.bf16_operands: the BF16 baselines
     if bf16_ops and row_sum != "p_fp32":
         raise ValueError(f"row_sum={row_sum!r} with BF16 operands: the BF16 baselines sum the "

@@ -51,34 +51,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 LOG2E = 1.4426950408889634
 
 
-def _rescale_asm(n: int) -> tuple[str, str]:
-    """PTX of ``_rescale_if_grown`` for n accumulator values per thread: outputs $0..n-1, the
-    values $n.., their rows' alpha $2n.., the warp's flag $3n.. (only the first is read: it is
-    the same for every value of a warp). The skip path's moves cost nothing: ptxas gives each
-    output its input's register (checked in the SASS: 398 instructions per tile, 64 FMUL of
-    them behind the branch)."""
-    body = " ".join(f"mul.f32 ${i}, ${n + i}, ${2 * n + i};" for i in range(n))
-    moves = " ".join(f"mov.b32 ${i}, ${n + i};" for i in range(n))
-    asm = (f"{{ .reg .pred p; setp.ne.u32 p, ${3 * n}, 0; @!p bra.uni SKIP${{:uid}}; {body} "
-           f"bra.uni DONE${{:uid}}; SKIP${{:uid}}: {moves} DONE${{:uid}}: }}")
-    return asm, ",".join(["=f"] * n + ["f"] * (2 * n) + ["r"] * n)
-
-
-# the 64 accumulator values per thread of a consumer's [64, 128] P @ V accumulator
-_RESCALE_N = gl.constexpr(64)
-_RESCALE_ASM = gl.constexpr(_rescale_asm(64)[0])
-_RESCALE_CONSTRAINTS = gl.constexpr(_rescale_asm(64)[1])
-# one flag per thread for its two rows (r and r + 8 of the warp's 16): whether any of the
-# warp's 16 rows had its max grow (alpha < 1), the same value in every lane (vote.sync.any)
-_WARP_GREW_ASM = gl.constexpr(
-    "{ .reg .pred p, q; setp.lt.f32 p, $2, 0f3F800000; setp.lt.f32 q, $3, 0f3F800000; "
-    "or.pred p, p, q; vote.sync.any.pred p, p, -1; selp.u32 $0, 1, 0, p; mov.b32 $1, $0; }")
-
-
 @gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr,
-              PV_ACC: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
     """One warp: Q tiles of the CTA's consumers, then every K / V tile into the ring (the
     consumers' signature: warp_specialize's worker partitions share one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -185,32 +160,13 @@ def _rescaled_row_sums(l_i, alpha, ls):
 
 
 @gluon.jit
-def _rescale_if_grown(acc, alpha):
-    """acc [64, 128] (a consumer's P @ V accumulator) * alpha[:, None] (alpha [64] <= 1, the
-    online softmax's rescale), skipped by a whole warp when none of its 16 rows' max grew: then
-    every alpha of the warp is 1 and the product would change nothing. A vote and a uniform
-    branch instead of 64 FMUL per thread and tile (recipe accumulation "reduced_pv": P @ V
-    accumulates in the tensor cores' accumulator, so its rescale is all that touches it)."""
-    grew = gl.inline_asm_elementwise(_WARP_GREW_ASM, "=r,=r,f,f", [alpha], dtype=gl.int32,
-                                     is_pure=True, pack=2)
-    gl.static_assert(acc.shape[0] * acc.shape[1] == 128 * _RESCALE_N)
-    return gl.inline_asm_elementwise(
-        _RESCALE_ASM, _RESCALE_CONSTRAINTS,
-        [acc, gl.broadcast(alpha[:, None], acc)[0], gl.broadcast(grew[:, None], acc)[0]],
-        dtype=gl.float32, is_pure=True, pack=_RESCALE_N)
-
-
-@gluon.jit
 def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
           offs_n, mma: gl.constexpr, a_layout: gl.constexpr, MASK_KEYS: gl.constexpr,
-          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, ones=None,
-          PV_ACC: gl.constexpr = False):
+          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, ones=None):
     """One key tile of one consumer: wait for the slot, Q K^T, the online softmax with the
     per-half K scales folded into the row max and the exponent's factor, P @ V into a fresh
     accumulator, release the slot, flush by one FMA per element. ones (row_sum "p_operand"):
-    the [BLOCK_N, 8] E4M3 ones tile; l_i is then [64, 8], P @ ones on the tensor cores.
-    PV_ACC (accumulation "reduced_pv"): P @ V into acc itself, rescaled before it only where a
-    warp's row max grew (``_rescale_if_grown``), no flush."""
+    the [BLOCK_N, 8] E4M3 ones tile; l_i is then [64, 8], P @ ones on the tensor cores."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_D: gl.constexpr = k_smem.shape[2]
@@ -230,18 +186,12 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
     m_cand = gl.maximum(m_i, gl.maximum(mx0 * s0, mx1 * s1))
     f = gl.where(half0, qs * s0, qs * s1)
     mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-    if PV_ACC:  # before P is formed: a branch between P and its product made P's registers move
-        acc = _rescale_if_grown(acc, alpha)
     p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
     if ones is None:
         l_i = l_i * alpha + gl.sum(p, axis=1)
     p8 = _p_operand(p.to(gl.float8e4nv), a_layout, PERM_P)
-    if PV_ACC:
-        pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), acc, is_async=True)
-    else:
-        zo = gl.zeros([64, HEAD_D], gl.float32, mma)
-        pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), zo, use_acc=False,
-                           is_async=True)
+    zo = gl.zeros([64, HEAD_D], gl.float32, mma)
+    pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), zo, use_acc=False, is_async=True)
     if ones is None:
         pv = warpgroup_mma_wait(0, deps=(pv,))
     else:
@@ -251,17 +201,13 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
         pv, ls = warpgroup_mma_wait(0, deps=(pv, _ones_product(p8, ones)))
         l_i = _rescaled_row_sums(l_i, alpha, ls)
     mbarrier.arrive(empty.index(st), count=1)
-    if PV_ACC:
-        acc = pv
-    else:
-        acc = acc * alpha[:, None] + pv
+    acc = acc * alpha[:, None] + pv
     return acc, l_i, m_cand
 
 
 @gluon.jit
 def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr,
-              PV_ACC: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
     """Consumer warpgroup ``cid``: rows m0 + 64 cid .. + 63 over every key tile, then the
     epilogue of ``attention_fp8._epilogue`` (V channel scale, 1 / l, + v_corr)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -293,12 +239,10 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     n_full = S // BLOCK_N
     for j in range(n_full):
         acc, l_i, m_i = _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase,
-                              S, offs_n, mma, a_layout, False, P_LOG2_SCALE, PERM_P, ones,
-                              PV_ACC)
+                              S, offs_n, mma, a_layout, False, P_LOG2_SCALE, PERM_P, ones)
     if n_full * BLOCK_N < S:
         acc, l_i, m_i = _tile(n_full, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK,
-                              skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P, ones,
-                              PV_ACC)
+                              skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P, ones)
     if ROW_SUM_MMA:  # every column holds the row sum
         l_i = gl.convert_layout(gl.max(l_i, axis=1), row_l, assert_trivial=True)
     _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
@@ -341,7 +285,7 @@ def _fp8_attn_ws_kernel(
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
     N_CONS: gl.constexpr, STAGES: gl.constexpr, CONS_REGS: gl.constexpr,
     P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
-    OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr = False, PV_ACC: gl.constexpr = False,
+    OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr = False,
 ):
     """Grid (cdiv(S, 64 * N_CONS), B * H); num_warps = 4 (the default partition = consumer 0)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -379,14 +323,10 @@ def _fp8_attn_ws_kernel(
     # them compile-time constants)
     gl.static_assert(N_CONS == 3)
     gl.warp_specialize([
-        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA,
-                       PV_ACC)),
-        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA,
-                       PV_ACC)),
-        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA,
-                       PV_ACC)),
-        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA,
-                       PV_ACC)),
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
+        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
@@ -415,23 +355,17 @@ CONSUMER_REGS = 160
 def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
                          out_dtype=torch.bfloat16, row_start: int = 0, return_lse: bool = False,
                          out_f32: bool = False, p_scaling: str = "unit", stages: int = 2,
-                         row_end: int | None = None, row_sum: str = "p_fp32",
-                         accumulation: str = "fp32"):
+                         row_end: int | None = None, row_sum: str = "p_fp32"):
     """The dense FP8 attention of ``attention_fp8.fp8_attention_fwd`` on the warp-specialized
     schedule (same arguments; ``stages`` K/V slots). row_end: only rows < row_end, a multiple of
     a CTA's 192 rows (the block-sparse launch's query blocks routed to every key block).
-    row_sum: "p_fp32" (FP32 adds of the FP32 P) or "p_operand" (P @ ones on the tensor cores).
-    accumulation: the recipe's, "fp32" (P @ V flushed per tile) or "reduced_pv" (never flushed;
-    ``ACCUMULATIONS``)."""
-    from .attention_fp8 import ACCUMULATIONS, P_LOG2_SCALES, ROW_SUMS
+    row_sum: "p_fp32" (FP32 adds of the FP32 P) or "p_operand" (P @ ones on the tensor cores)."""
+    from .attention_fp8 import P_LOG2_SCALES, ROW_SUMS
 
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
     if row_sum not in ROW_SUMS:
         raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
-    if accumulation not in ACCUMULATIONS:
-        raise ValueError(f"accumulation: {accumulation!r}; the kernel implements "
-                         f"{list(ACCUMULATIONS)}")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
@@ -458,7 +392,6 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
         out.stride(0), out.stride(1), out.stride(2),
         N_CONS=CONSUMERS, STAGES=stages, CONS_REGS=CONSUMER_REGS,
         P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], PERM_P=bool(qkv.v_perm), WRITE_LSE=return_lse,
-        OUT_F32=out_f32, ROW_SUM_MMA=row_sum == "p_operand",
-        PV_ACC=accumulation == "reduced_pv", num_warps=4, maxnreg=MAXNREG,
+        OUT_F32=out_f32, ROW_SUM_MMA=row_sum == "p_operand", num_warps=4, maxnreg=MAXNREG,
     )
     return out, lse

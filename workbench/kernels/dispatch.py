@@ -33,7 +33,6 @@ from workbench.recipes import AttentionRecipe, get_recipe
 from . import routing, streams
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
 from .config import DEFAULT, KernelConfig, RoutingConfig
-from .e4m3 import interpreting
 from .kv_stats import kv_stats
 from .quantize import bf16_operands, quantize_qkv
 
@@ -78,13 +77,8 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "Sol needs sol_block = 64 (one routing block per K scale block)"
     if r.sparsity == "vsa" and r.vsa_tile != 64:
         return "VSA needs vsa_tile = 64 (one routing block per K scale block)"
-    if r.accumulation == "reduced_pv":
-        why = _reduced_pv_reason(q, r)
-        if why:
-            return why
-    elif r.accumulation != "fp32":
-        return ("accumulation: 'fp32' (the FP8 accumulator flushed per tile) or 'reduced_pv' "
-                "(never flushed), not 'reduced'")
+    if r.accumulation != "fp32":
+        return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
     if r.row_sum != "p_fp32" and is_bf16_sparse(r):
         return f"row_sum {r.row_sum!r}: the FP8 kernels only (BF16 sparse loops sum FP32 P)"
     if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1]:
@@ -97,22 +91,6 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "operands must be bf16 or fp16 of one dtype"
     if any(t.stride(-1) != 1 for t in (q, k, v)):
         return "last dim must be contiguous"
-    return None
-
-
-def _reduced_pv_reason(q, r: AttentionRecipe) -> str | None:
-    """Why the kernels cannot run accumulation "reduced_pv" here (None: they can): the dense
-    warp-specialized kernel's form only, Hopper's accumulator as measured (13 bits, truncating),
-    never flushed."""
-    if (r.accum_mantissa_bits, r.accum_rounding, r.accum_flush_keys) != (13, "truncate", 0):
-        return ("accumulation 'reduced_pv': the kernel's is the tensor cores' own (13 bits, "
-                "truncate, never flushed: accum_mantissa_bits=13, accum_rounding=truncate, "
-                "accum_flush_keys=0)")
-    if r.sparsity != "dense" or r.qk_format != "fp8_e4m3" or q.shape[-1] != 128:
-        return ("accumulation 'reduced_pv': dense E4M3 recipes at head dim 128 only (the "
-                "sparse list kernel's form serialized its products: not built)")
-    if interpreting():
-        return "accumulation 'reduced_pv': the warp-specialized kernel (not in the interpreter)"
     return None
 
 
@@ -189,7 +167,7 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
     return fp8_attention_fwd(qkv, num_heads=q.shape[2], scale=scale, out=out, row_start=prefix,
                              return_lse=return_lse, p_scaling=recipe.p_scaling,
                              row_sum=recipe.row_sum, config=config.attention, routing=route,
-                             sparse=config.sparse, accumulation=recipe.accumulation)
+                             sparse=config.sparse)
 
 
 def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,

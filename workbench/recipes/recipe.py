@@ -42,14 +42,7 @@ P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 #   its FP32 sum of the block weights.
 ROW_SUMS = ("p_fp32", "p_operand")
 SMOOTHINGS = ("none", "k", "kv")
-# P @ V's accumulator: "fp32" (exact FP32 sums: what the kernels' per-tile flush is modelled by),
-# "reduced" (P @ V and a "p_operand" row sum in the accum_* model below), "reduced_pv" (P @ V
-# alone in that model, the row sum as with "fp32"). The FP8 kernels implement "fp32" and
-# "reduced_pv" with accum_flush_keys=0 (never flushed: P @ V accumulates in the tensor cores'
-# accumulator over the whole key loop, rescaled in FP32 when a row max grows; the row sum stays
-# flushed per tile). Never flushing a row sum would bias it (all its terms are positive: the
-# truncation only ever drops mass), unlike a smoothed V's products, whose signs change.
-ACCUMULATIONS = ("fp32", "reduced", "reduced_pv")
+ACCUMULATIONS = ("fp32", "reduced")
 # How a "reduced" accumulator drops bits at each 32-key MMA step (docs/numerics.md):
 # "truncate": the accumulator and the step's 32 products are aligned to the leading bit of the
 #   largest of them and cut toward zero to accum_mantissa_bits bits below it, added, and the sum
@@ -95,8 +88,8 @@ class AttentionRecipe:
     # FA3-style incoherent processing: orthonormal Hadamard on the head dim of Q and K.
     hadamard: bool = False
     # "reduced" emulates a tensor-core accumulator with accum_mantissa_bits bits of mantissa,
-    # flushed into an FP32 buffer every accum_flush_keys keys (0: never), dropping bits as
-    # accum_rounding says (ACCUM_ROUNDINGS); "reduced_pv" the same for P @ V alone.
+    # flushed into an FP32 buffer every accum_flush_keys keys (PV product only), dropping bits
+    # as accum_rounding says (ACCUM_ROUNDINGS).
     accumulation: str = "fp32"
     accum_mantissa_bits: int = 13
     accum_flush_keys: int = 128
@@ -207,11 +200,9 @@ class AttentionRecipe:
         parts = [f"QK {qk}", f"V {v}", f"P {p}", f"out {self.out_format}"]
         if self.row_sum != "p_fp32":
             parts.append(f"row sum {self.row_sum}")
-        if self.accumulation != "fp32":
-            flush = (f"flush {self.accum_flush_keys} keys" if self.accum_flush_keys
-                     else "never flushed")
-            parts.append(f"accum {self.accumulation} {self.accum_mantissa_bits}b "
-                         f"{self.accum_rounding} {flush}")
+        if self.accumulation == "reduced":
+            parts.append(f"accum reduced {self.accum_mantissa_bits}b {self.accum_rounding} "
+                         f"flush {self.accum_flush_keys} keys")
         parts.append(f"smooth {self.smoothing}")
         if self.v_bias_correction:
             parts.append("V-bias corr")
@@ -305,7 +296,7 @@ def validate(r: AttentionRecipe) -> None:
         raise RecipeError(
             f"recipe field 'p_scaling': {r.p_scaling!r} only applies to p_format='fp8_e4m3'"
         )
-    for name, lo in (("qk_block", 1), ("sol_block", 1), ("vsa_tile", 1), ("accum_flush_keys", 0)):
+    for name, lo in (("qk_block", 1), ("sol_block", 1), ("vsa_tile", 1), ("accum_flush_keys", 1)):
         if getattr(r, name) < lo:
             raise RecipeError(f"recipe field {name!r}: must be >= {lo}, got {getattr(r, name)}")
     if not 1 <= r.accum_mantissa_bits <= 23:
