@@ -204,6 +204,29 @@ def test_lost_values_are_refused_and_rerun(array, scan, copy, capsys):
     _assert_same(ds, open_scan(scan))
 
 
+@pytest.mark.parametrize("array", ["row_sq_err", "head_metrics", "done"])
+def test_corrupt_chunk_is_named_and_repaired_by_deleting_it(array, scan, copy, capsys):
+    """A chunk file that no longer decodes (not missing: garbage) is refused by every reader
+    and by a resumed scan with one line naming the array, the task and the chunk file (before:
+    a resumed scan died in a traceback, readers named only the store); deleting the file named
+    and running the same scan again repairs the store."""
+    chunk = _chunk(copy, array, 1, 0, 1)
+    chunk.write_bytes(b"not a zstd frame" * 4)
+    where = "" if array == "done" else " at step 8, layer 1, recipe 'fp8_dense_k'"
+    with pytest.raises(ScanError, match=rf"{array}{where} cannot be read .*: chunk file"):
+        open_scan(copy)
+    for argv in (["plan", str(copy), "--out", str(copy.parent / "p.json")],
+                 ["scan", str(STORE), "--out", str(copy), *CLI_SMALL]):
+        err = _cli_error(argv, capsys)
+        assert f"{array}{where} cannot be read" in err and str(chunk) in err, err
+        assert "Traceback" not in err and err.count("\n") <= 1, err
+    assert not (copy.parent / "p.json").exists()
+    chunk.unlink()
+    ds, run = run_scan(STORE, RECIPES, out=copy, **SMALL)
+    assert run.tasks_run == 1 and chunk.is_file()
+    _assert_same(ds, open_scan(scan))
+
+
 def test_lost_benefit_chunk_is_refused(scan, copy):
     (_chunk(copy, "benefit", 1, 0, 0)).unlink()
     with pytest.raises(ScanError, match="benefit has no interval at step 8"):

@@ -45,6 +45,7 @@ from .scan_store import (
     is_scan_store,
     named_path,
     open_scan,
+    read_array,
     remove_scan,
     scan_attrs,
     store_fingerprint,
@@ -601,8 +602,11 @@ def finish_benefits(sstore: ScanStore) -> None:
     """Benefit of every recipe over the baseline (entry and per head) from the stored rows."""
     p = sstore.params
     bi = p.recipes.index(p.baseline)
-    rows = np.asarray(sstore.arrays["row_sq_err"][...])  # [S, L, R, n]
-    rows_h = np.asarray(sstore.arrays["row_sq_err_head"][...])  # [S, L, H, R, n]
+    pd = p.to_dict()
+    rows = read_array(sstore.path, sstore.arrays, "row_sq_err", pd)  # [S, L, R, n]
+    rows_h = read_array(sstore.path, sstore.arrays, "row_sq_err_head", pd)  # [S, L, H, R, n]
+    for name in ("entry_metrics", "head_metrics"):  # the other task arrays: a corrupt chunk
+        read_array(sstore.path, sstore.arrays, name, pd)  # is named before "all done" is said
     base = np.broadcast_to(rows[:, :, bi:bi + 1], rows.shape)
     base_h = np.broadcast_to(rows_h[:, :, :, bi:bi + 1], rows_h.shape)
     sstore.write_benefits(bootstrap_many(base, rows), bootstrap_many(base_h, rows_h))

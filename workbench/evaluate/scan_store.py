@@ -325,6 +325,56 @@ def describe_gaps(gaps: list, params: dict, limit: int = 3) -> str:
             f"{more}")
 
 
+def unreadable_chunks(arr) -> list[tuple[tuple[int, ...], str]]:
+    """(chunk index, error) of every chunk of zarr array `arr` that cannot be read back (a
+    corrupt chunk file), read chunk by chunk: for naming what broke once a read failed."""
+    import itertools
+
+    grid = [range(-(-size // chunk)) for size, chunk in zip(arr.shape, arr.chunks)]
+    bad = []
+    for idx in itertools.product(*grid):
+        sel = tuple(slice(i * c, min((i + 1) * c, n))
+                    for i, c, n in zip(idx, arr.chunks, arr.shape))
+        try:
+            arr[sel]
+        except Exception as exc:
+            bad.append((idx, str(exc) or type(exc).__name__))
+    return bad
+
+
+def describe_unreadable(path: Path, name: str, bad: list, params: dict, limit: int = 3) -> str:
+    """What ``unreadable_chunks`` found in array `name`, by task where the array has one chunk
+    a task (ARRAY at step S, layer L, recipe 'R'), with each chunk file and what to do."""
+    dims = ARRAY_DIMS.get(name, ())
+    labels = {"step": params.get("steps"), "layer": params.get("layers"),
+              "recipe": params.get("recipes")}
+    shown = []
+    for idx, err in bad[:limit]:
+        at = [f"{d} {labels[d][i]!r}" if d == "recipe" else f"{d} {labels[d][i]}"
+              for d, i in zip(dims, idx) if labels.get(d) is not None and i < len(labels[d])]
+        where = f" at {', '.join(at)}" if at and name in TASK_ARRAYS else ""
+        chunk = path / name / "c" / Path(*map(str, idx))
+        shown.append(f"{name}{where} cannot be read ({err}): chunk file {chunk}")
+    more = f" (+{len(bad) - limit} more)" if len(bad) > limit else ""
+    if name in COORD_PARAMS:
+        fix = "make the scan again (workbench scan ... --overwrite)"
+    else:  # a task's values, done flags or benefits: a run writes them again
+        fix = ("delete the chunk file(s) named and run the same workbench scan again (it "
+               "re-runs those tasks and recomputes the benefits), or make it again with "
+               "--overwrite")
+    return f"{'; '.join(shown)}{more}; the scan store is damaged: {fix}"
+
+
+def read_array(path: Path, arrays, name: str, params: dict) -> np.ndarray:
+    """All of array `name` (of the group or dict `arrays`) as numpy; a corrupt chunk raises
+    ScanError naming the array, the task and the chunk file (``describe_unreadable``)."""
+    try:
+        return np.asarray(arrays[name][...])
+    except Exception as exc:
+        bad = unreadable_chunks(arrays[name]) or [((), str(exc))]
+        raise ScanError(f"{path}: {describe_unreadable(path, name, bad, params)}") from exc
+
+
 def _chunk_keys(array_dir: Path) -> set[tuple[int, ...]]:
     """The chunk indices with a chunk file under ``array_dir/c`` (zarr's default chunk keys)."""
     root = array_dir / "c"
@@ -372,14 +422,8 @@ def _output_mse(metric_names: list, entry_at):
     return lambda si, li, ri: float(entry_at(si, li, ri, m))
 
 
-def _read_values(path: Path, arrays: dict, names) -> dict:
-    out = {}
-    for name in names:
-        try:
-            out[name] = np.asarray(arrays[name][...])
-        except Exception as exc:  # a corrupt chunk: name the array, keep the cause
-            raise ScanError(f"{path}/{name}: cannot be read ({exc}); {DAMAGED}") from exc
-    return out
+def _read_values(path: Path, arrays: dict, names, params: dict) -> dict:
+    return {name: read_array(path, arrays, name, params) for name in names}
 
 
 class ScanStore:
@@ -408,22 +452,27 @@ class ScanStore:
         self.arrays = {name: self.root[name] for name in
                        ("entry_metrics", "head_metrics", "row_sq_err", "row_sq_err_head", "done",
                         "benefit", "head_benefit")}
-        self._done = np.asarray(self.arrays["done"][...], dtype=bool)
+        self._done = read_array(self.path, self.arrays, "done", attrs["params"] if existed
+                                else params.to_dict()).astype(bool)
         if existed:
-            # the benefits are not read: every run writes them again at its end; the task
-            # arrays are checked by their chunk files, not read (reading them all made a resume
-            # several times slower; listed, a resume of a finished scan of the shipped capture
-            # takes 0.61-0.72 s, as before the check: 0.61-0.71 s, 2026-12-02)
-            values = _read_values(self.path, self.root, COORD_PARAMS)
+            # the benefits are not read: every run writes them again at its end; lost task
+            # chunks are found by their chunk files here, before any task runs (reading them all
+            # made a resume several times slower; listed, a resume of a finished scan of the
+            # shipped capture takes 0.61-0.72 s, as before the check: 0.61-0.71 s, 2026-12-02).
+            # A corrupt chunk (present, not decodable) is named when the run's end reads the
+            # task arrays (``scan.finish_benefits``: 0.06 s for the 108 tasks of a 3-recipe
+            # scan of the shipped capture, 2026-12-02)
+            values = _read_values(self.path, self.root, COORD_PARAMS, attrs["params"])
             check_coords(self.path, values, attrs["params"])
             entry = self.arrays["entry_metrics"]
 
             def entry_at(*idx):
                 try:
                     return entry[idx]
-                except Exception as exc:  # a corrupt chunk: name the array, keep the cause
-                    raise ScanError(f"{self.path}/entry_metrics: cannot be read ({exc}); "
-                                    f"{DAMAGED}") from exc
+                except Exception as exc:  # a corrupt chunk: name the array, task and file
+                    bad = unreadable_chunks(entry) or [((), str(exc))]
+                    raise ScanError(f"{self.path}: " + describe_unreadable(
+                        self.path, "entry_metrics", bad, attrs["params"])) from exc
 
             self.damaged = lost_task_chunks(
                 self.path, self._done, _output_mse(list(attrs["names"]["metric"]), entry_at))
@@ -508,7 +557,13 @@ def open_scan(path: str | Path):
     attrs = scan_attrs(path)
     try:
         ds = xr.open_zarr(str(path), consolidated=False, decode_times=False).load()
-    except Exception as exc:  # a corrupt chunk: name the store, keep the cause
+    except Exception as exc:  # a corrupt chunk: name the array, the task and the chunk file
+        import zarr
+
+        root = zarr.open_group(str(path), mode="r")
+        for name in ARRAY_DIMS:
+            if name in root:
+                read_array(path, root, name, attrs["params"])
         raise ScanError(f"{path}: cannot be read ({exc}); {DAMAGED}") from exc
     values = {name: ds[name].values for name in ARRAY_DIMS}
     params = attrs["params"]
