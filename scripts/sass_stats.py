@@ -177,7 +177,6 @@ def compile_ws_lists(overrides: dict, ints: dict):
         types += ["constexpr"] * 4
     types += ["fp32"]  # LAST_LOG2
     cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=merge, SUM_TILES=tiles,
-               PRODUCERS=int(overrides.get("ws_producers", 1)),
                **_ws_row_sum_constexprs(overrides))
     kernel = _compile_gluon(ws, types, cst, ints)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)

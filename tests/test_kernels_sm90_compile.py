@@ -122,21 +122,6 @@ def test_list_kernel_with_summary_tiles_compiles_without_loop_spills():
 
 
 @pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
-def test_list_kernel_with_a_producer_per_consumer_compiles():
-    """SparseConfig.ws_producers=3: three 1-warp producer partitions at 24 registers, each
-    looping over one consumer's tiles, beside consumers compiled as with one producer (the
-    same tile loops, give or take the 2 instructions of the Q barrier's index), within one SM's
-    shared memory."""
-    one, three = sass_stats(*({"schedule": "warp_specialized", "sparse": True,
-                               "summary_kernel": "fp8_tiles", "row_sum": "p_operand",
-                               "ws_producers": n} for n in (1, 3)))
-    assert len(one["producer_loops"]) == 1 and len(three["producer_loops"]) == 3, three
-    assert three["shared"] <= 227 * 1024 and {24, 160, 168} <= set(three["setmaxnreg"]), three
-    assert all(abs(a[0] - b[0]) <= 4 and b[1] <= a[1] for a, b in
-               zip(one["tile_loops_row_sum_mma"], three["tile_loops_row_sum_mma"])), three
-
-
-@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
 def test_gluon_summary_pass_compiles_four_per_sm():
     """Sol's summary pass in Gluon (``summary_gluon``): at most 128 registers without spills or
     wgmma serialization and about 48 KB of shared memory, so four programs share an SM (the Triton

@@ -214,38 +214,6 @@ def test_ws_lists_kernel_matches_programs_kernel(name, S, Hkv, ws_calls):
         torch.testing.assert_close(lse_b, lse_a, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("name,S,Hkv,prefix_exact", [
-    ("fp8_sol_kv_corrected:row_sum=p_operand,p_scaling=exp2_offset8", 4111, 2, False),
-    ("fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true", 4111, 4, True),
-    ("fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2,row_sum=p_operand", 3000, 4, False),
-])
-def test_ws_lists_one_producer_per_consumer_is_bitwise(name, S, Hkv, prefix_exact, ws_calls):
-    """SparseConfig.ws_producers=3 (a TMA producer warp per consumer, each with its own Q
-    barrier) against the default single producer: the same tiles in the same order per
-    consumer, so the same output bits and LSE, with Sol's summary tiles (the scaled P and the
-    tensor-core row sum), the prefix blocks routed to every key block (the dense rows on the
-    side stream) and VSA; a producer that fed a consumer another's tiles, or none, would show."""
-    from workbench.kernels.attention_fp8 import fp8_attention_fwd
-    from workbench.kernels.config import SparseConfig
-
-    H = 4
-    q, layout, rec, route, qkv = list_operands(name, S, H, Hkv)
-    row_start = 0 if prefix_exact else layout.prefix_len
-    outs = []
-    for producers in (1, 3):
-        sp = SparseConfig(kv_splits=1, ws_producers=producers)
-        outs.append(fp8_attention_fwd(qkv, num_heads=H, scale=128**-0.5, routing=route,
-                                      sparse=sp, return_lse=not prefix_exact,
-                                      row_start=row_start, out=torch.full_like(q, 7.0),
-                                      p_scaling=rec.p_scaling, row_sum=rec.row_sum))
-    (a, lse_a), (b, lse_b) = outs
-    assert ws_calls["lists"] == 2 and b.isfinite().all()
-    print(f"GPU ws lists producers 3 {name}: {int((a != b).sum())} of {a.numel()} differ")
-    assert torch.equal(a, b)
-    if not prefix_exact:
-        assert torch.equal(lse_a, lse_b)
-
-
 @pytest.mark.parametrize("name", ["fp8_sol_kv_corrected",
                                   "fp8_sol_kv_corrected:p_scaling=exp2_offset8",
                                   "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2"])

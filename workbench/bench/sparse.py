@@ -248,7 +248,6 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("summary chunk 64 (the Triton pass takes it)", base.with_sparse(summary_chunk=64)),
         ("programs (rows)", base.with_sparse(schedule="rows")),
         ("CTAs of consecutive query blocks", base.with_sparse(ws_grouping="consecutive")),
-        ("one producer per consumer", base.with_sparse(ws_producers=3)),
         ("block sums 2 warps", base.with_routing(block_warps=2)),
         ("block sums 4 rows", base.with_routing(block_rows=4)),
         ("Sol routing front in torch ops", base.with_routing(sol_front="torch")),

@@ -795,7 +795,7 @@ def fp8_attention_fwd(
                     row_start=dense_end if side is not None else row_start,
                     out_f32=out_f32, p_log2_scale=P_LOG2_SCALES[p_scaling], sum_o=sp.sum_o,
                     sum_ml=sp.sum_ml, stages=c.num_stages, grouping=sparse.ws_grouping,
-                    summary=tiles, row_sum=row_sum, producers=sparse.ws_producers)
+                    summary=tiles, row_sum=row_sum)
             finally:
                 if side is not None:
                     main.wait_stream(side)

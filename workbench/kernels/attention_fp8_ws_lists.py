@@ -229,54 +229,9 @@ def _last_bias(c: gl.constexpr, args):
 @gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
-              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr, PRODUCERS: gl.constexpr):
+              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
     """The producer warp (the consumers' signature: warp_specialize's worker partitions share
-    one; only args is read). PRODUCERS = 3: this warp serves consumer cid alone
-    (``_producer_of``)."""
-    if PRODUCERS == 3:
-        _producer_of(cid, args, WRITE_LSE, SUM_TILES)
-    else:
-        _producer_all(args, WRITE_LSE, SUM_TILES)
-
-
-@gluon.jit
-def _producer_of(c: gl.constexpr, args, WRITE_LSE: gl.constexpr, SUM_TILES: gl.constexpr):
-    """One producer warp per consumer (``SparseConfig.ws_producers`` 3): consumer c's Q box
-    (its own barrier) and its exact and summary tiles, at that consumer's pace: no consumer
-    waits behind another's full ring, as with one warp serving the three in turn."""
-    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty) = args[:9]
-    bh, bhk, S_pad = args[18], args[19], args[16]
-    HEAD_D: gl.constexpr = k_smem.shape[2]
-    mbarrier.expect(q_bar.index(c), q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [bh * S_pad + _query_block(c, args) * 64, 0],
-                                    q_bar.index(c), q_smem.index(c))
-    lst = _row_list(c, args, WRITE_LSE)
-    lists = (lst, lst, lst)  # _produce / _produce_sum read entry c
-    kbase = bhk * S_pad
-    vbase = bhk * HEAD_D
-    p = _pair(lst[0], lst[1], lst[2], 0)
-    if SUM_TILES:
-        N_QB, N_KB, ks_desc, vs_desc, EXACT, bias_smem = (args[30], args[31], args[39],
-                                                          args[40], args[42], args[43])
-        n_sum = gl.cdiv(N_KB, 128)
-        ksbase = bhk * n_sum * 128
-        t = gl.where(lst[4], n_sum + lst[2], 0)
-        x = EXACT + (bh * N_QB + lst[5]).to(gl.int64) * N_KB
-        lb = _last_bias(c, args)
-        for i in range(t):
-            p = _produce_sum(c, i, p, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
-                             kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x,
-                             lb)
-    else:
-        for i in range(lst[2]):
-            p = _produce(c, i, p, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
-                         vbase)
-    mbarrier.wait(q_bar.index(c), 0)  # the Q box has landed before the CTA ends
-
-
-@gluon.jit
-def _producer_all(args, WRITE_LSE: gl.constexpr, SUM_TILES: gl.constexpr):
-    """One producer warp for the three consumers, in turn."""
+    one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
      SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
      stride_ob, stride_os, stride_oh, row_start) = args[:28]
@@ -452,7 +407,7 @@ def _blocks(lst, cnt, n_all, i, args):
 @gluon.jit
 def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
-              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr, PRODUCERS: gl.constexpr):
+              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
     """Consumer c: the query block of entry pid_q0 + c of the head's ORDER (nothing past the
     last entry, nor for a block of dense-prefix rows: ``_row_list``). ROW_SUM_MMA: the exact
     tiles' row sum as P @ ones (l_i [64, 8] until the last exact tile; Sol's summary tiles and
@@ -478,10 +433,7 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
             l_i = gl.zeros([64], gl.float32, rows)
             ones = None
         acc = gl.zeros([64, HEAD_D], gl.float32, mma)
-        if PRODUCERS == 3:
-            mbarrier.wait(q_bar.index(c), 0)
-        else:
-            mbarrier.wait(q_bar, 0)
+        mbarrier.wait(q_bar, 0)
         q = q_smem.index(c)
         blocks = _blocks(lst, cnt, n_all, 0, args)
         for i in range(n_full):
@@ -532,7 +484,7 @@ def _fp8_attn_ws_lists_kernel(
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
     INIT_SUMMARY: gl.constexpr, SUM_TILES: gl.constexpr = False,
-    ROW_SUM_MMA: gl.constexpr = False, PRODUCERS: gl.constexpr = 1,
+    ROW_SUM_MMA: gl.constexpr = False,
 ):
     """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0).
     HEAVY: the first HEAVY CTAs of every head (their ORDER entries: query blocks routed to every
@@ -564,15 +516,10 @@ def _fp8_attn_ws_lists_kernel(
     if SUM_TILES:  # each slot's summary-tile score bias (``_produce_sum``)
         bias_smem = gl.allocate_shared_memory(gl.float32, [3 * STAGES, 128],
                                               gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    if PRODUCERS == 3:  # a Q barrier per consumer, each with its producer
-        q_bar = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(3):
-            mbarrier.init(q_bar.index(c), count=1)
-    else:
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
     for i in gl.static_range(3 * STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
@@ -592,32 +539,16 @@ def _fp8_attn_ws_lists_kernel(
     if ROW_SUM_MMA:  # P @ ones' B tile (row_sum "p_operand"), one per 64-key half
         args = args + (_ones_tile(64),)
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
-    if PRODUCERS == 3:
-        gl.warp_specialize([
-            (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-            (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-            (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-            (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-            (_producer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-            (_producer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-        ], [4, 4, 1, 1, 1], [CONS_REGS, CONS_REGS, 24, 24, 24])
-    else:
-        gl.warp_specialize([
-            (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-            (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-            (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-            (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                         SUM_TILES, ROW_SUM_MMA, PRODUCERS)),
-        ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
+    gl.warp_specialize([
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
+                     SUM_TILES, ROW_SUM_MMA)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
+                     SUM_TILES, ROW_SUM_MMA)),
+        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
+                     SUM_TILES, ROW_SUM_MMA)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
+                     SUM_TILES, ROW_SUM_MMA)),
+    ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
 def query_order(counts: torch.Tensor, grouping: str) -> torch.Tensor:
@@ -746,15 +677,13 @@ def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD, LAST_SCALE,
 def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: int,
                            out_f32: bool, p_log2_scale: float, sum_o=None, sum_ml=None,
                            stages: int = 2, grouping: str = "by_length",
-                           summary: SummaryTiles | None = None, row_sum: str = "p_fp32",
-                           producers: int = 1):
+                           summary: SummaryTiles | None = None, row_sum: str = "p_fp32"):
     """The exact tiles of block-sparse attention on the warp-specialized schedule, into `out`
     (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge, or
     ``summary``: Sol's summary route as E4M3 tiles after each consumer's exact tiles
     (``SparseConfig.summary_kernel="fp8_tiles"``); grouping: which query blocks share a
     CTA (``query_order``); row_sum: "p_fp32" or "p_operand" (the exact tiles' row sum as
-    P @ ones on the tensor cores); producers: TMA producer warps, 1 (for the three consumers in
-    turn) or 3 (one each, ``SparseConfig.ws_producers``)."""
+    P @ ones on the tensor cores)."""
     from .attention_fp8 import ROW_SUMS
 
     if row_sum not in ROW_SUMS:
@@ -788,7 +717,7 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
         STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
         PERM_P=bool(qkv.v_perm), WRITE_LSE=lse is not None, OUT_F32=out_f32,
         INIT_SUMMARY=sum_o is not None, SUM_TILES=summary is not None,
-        ROW_SUM_MMA=row_sum == "p_operand", PRODUCERS=producers, num_warps=4,
+        ROW_SUM_MMA=row_sum == "p_operand", num_warps=4,
         maxnreg=MAXNREG,
     )
     return out, lse

@@ -228,13 +228,8 @@ class SparseConfig:
     # (one K / V tile shared by a CTA's three consumers); False = the list kernel, their CTAs
     # first (each consumer loads its own copy of every tile)
     dense_rows_kernel: bool = True
-    # TMA producer warps of the warp-specialized exact tiles: 1 (serves the three consumers in
-    # turn, so a consumer whose ring is full holds up the others' loads) or 3 (one each)
-    ws_producers: int = 1
 
     def __post_init__(self) -> None:
-        if self.ws_producers not in (1, 3):
-            raise ValueError(f"SparseConfig.ws_producers: {self.ws_producers}; choose 1 or 3")
         if self.ws_grouping not in WS_GROUPINGS:
             raise ValueError(f"SparseConfig.ws_grouping: {self.ws_grouping!r}; choose one of "
                              f"{WS_GROUPINGS}")
