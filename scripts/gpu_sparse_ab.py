@@ -7,7 +7,9 @@ and reports the median over rounds and the spread, then one torch-profiler view 
 (GPU busy time per kernel and the call's span).
 
     python3 scripts/gpu_sparse_ab.py [--rounds 7] [--rep-ms 150] [--heads 56] [--out DIR]
-        [--labels LABEL ...] [--recipes RECIPE ...]
+        [--labels LABEL ...] [--recipe RECIPE] [--recipes RECIPE ...]
+
+``--labels`` times the options of ``--recipe`` (default ``fp8_sol_kv_corrected:sol_tau=1``).
 
 ``--recipes``: the options are recipes (default kernel config) instead of config labels, each
 also with its exact density and its rel-L2 against float64 on 64 evenly spaced rows; dense
@@ -45,6 +47,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--labels", nargs="+", default=list(LABELS),
                    help="option labels of workbench.bench.sparse.sweep_configs")
+    p.add_argument("--recipe", default="fp8_sol_kv_corrected:sol_tau=1",
+                   help="the recipe whose options --labels compares")
     p.add_argument("--recipes", nargs="+", default=None,
                    help="compare these recipes (default config) instead of config labels")
     a = p.parse_args(argv)
@@ -52,7 +56,10 @@ def main(argv=None) -> int:
     q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device="cuda"))
     if a.recipes:
         return compare_recipes(a, syn, q, k, v)
-    rec = get_recipe("fp8_sol_kv_corrected").with_(sol_tau=1.0)
+    try:
+        rec = get_recipe(a.recipe)
+    except ValueError as exc:
+        raise SystemExit(f"--recipe: {exc}")
     cfgs = dict(sweep_configs(DEFAULT))
     unknown = [lab for lab in a.labels if lab not in cfgs]
     if unknown:
