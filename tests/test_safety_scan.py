@@ -227,6 +227,21 @@ def test_corrupt_chunk_is_named_and_repaired_by_deleting_it(array, scan, copy, c
     _assert_same(ds, open_scan(scan))
 
 
+def test_corrupt_capture_chunk_is_named_by_the_scan(small_capture, capsys):
+    """A capture chunk whose checksum fails stops the scan with one line naming the capture,
+    the entry (step, layer) and the array, and how to list every damaged chunk (dask's read
+    error named none of them: the synchronous scan died in a traceback, the cluster's named
+    only the task)."""
+    chunks = sorted((small_capture / "entries").glob("*/layer1/k/c/**/*"))
+    chunk = next(c for c in chunks if c.is_file())
+    chunk.write_bytes(b"garbage!" + chunk.read_bytes()[8:])
+    argv = ["scan", str(small_capture), "--recipes", RECIPES, "--queries", "16",
+            "--scheduler", "synchronous", "--device", "cpu", "--quiet"]
+    err = _cli_error(argv, capsys)
+    assert "checksum mismatch in entry" in err and "layer=1" in err and "array 'k'" in err, err
+    assert f"workbench inspect {small_capture} --verify" in err, err
+
+
 def test_lost_benefit_chunk_is_refused(scan, copy):
     (_chunk(copy, "benefit", 1, 0, 0)).unlink()
     with pytest.raises(ScanError, match="benefit has no interval at step 8"):

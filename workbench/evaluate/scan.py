@@ -209,8 +209,11 @@ def start_cluster(workers: int | None = None, device: str | None = None):
     if n < 1:
         raise ScanError(f"--workers: need at least 1, got {n}")
     # Loopback only; ":0" picks a free port for the scheduler's HTTP routes (8787 may be taken).
+    # Worker logs below CRITICAL stay quiet: a failed task reaches the client, which names the
+    # task and its entry in one line (``task_failure``); the worker's own "Compute Failed" log
+    # (ERROR) repeated it as a page of traceback.
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                           dashboard_address=":0", silence_logs=40)
+                           dashboard_address=":0", silence_logs=50)
     client = Client(cluster)
     client.run(_setup_worker, device=scan_device(device))
     return cluster, client
@@ -468,7 +471,7 @@ def _scan_into(build: Path, out: Path, cap, params: ScanParams, ds, *, own, sche
             n_workers, sched = 0, "none (nothing to do)"
         elif scheduler == "synchronous":
             n_workers, sched = 1, "synchronous"
-            _run_synchronous(jobs, sstore, params, progress)
+            _run_synchronous(jobs, sstore, params, progress, cap)
         else:
             if own is not None:
                 client = own[1]
@@ -478,7 +481,8 @@ def _scan_into(build: Path, out: Path, cap, params: ScanParams, ds, *, own, sche
             n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
             sched = scheduler or "LocalCluster"
             t0 = time.perf_counter()
-            _run_distributed(jobs, sstore, params, client, progress, window=2 * n_workers)
+            _run_distributed(jobs, sstore, params, client, progress, window=2 * n_workers,
+                             cap=cap)
     finally:
         if own is not None:
             own[1].close()
@@ -509,7 +513,27 @@ def _write(sstore: ScanStore, params: ScanParams, key, rec: dict) -> None:
     sstore.write_task(*key, rec)
 
 
-def _run_synchronous(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParams, progress):
+def task_failure(cap, params: ScanParams, key: tuple[int, int, int],
+                 exc: BaseException) -> ScanError:
+    """The ScanError for task `key` (si, li, ri) that raised `exc`. When the entry itself cannot
+    be read (a corrupt or missing capture chunk: dask's read names no store, entry or array),
+    the capture reader's own message names them (read again here, on the error path only)."""
+    from workbench.capture.schema import CaptureStoreError
+
+    step, layer = params.steps[key[0]], params.layers[key[1]]
+    try:
+        cap.qkv(step, layer)
+    except CaptureStoreError as read_exc:
+        return ScanError(f"{read_exc}; `workbench inspect {cap.path} --verify` lists every "
+                         "damaged chunk")
+    except Exception:  # noqa: BLE001 - the task's own failure is reported below
+        pass
+    return ScanError(f"scan task step {step}, layer {layer}, recipe "
+                     f"{params.recipes[key[2]]!r} failed: {exc}")
+
+
+def _run_synchronous(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParams, progress,
+                     cap):
     """dask's in-process scheduler, one entry (its read + its recipes) per compute."""
     import dask
 
@@ -517,15 +541,20 @@ def _run_synchronous(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParam
     with _progress_bar(sum(len(j.tasks) for j in jobs), progress) as bar:
         for job in jobs:
             keys = list(job.tasks)
-            recs = dask.compute(*[task(job.read, **job.tasks[k]) for k in keys],
-                                scheduler="synchronous")
+            try:
+                recs = dask.compute(*[task(job.read, **job.tasks[k]) for k in keys],
+                                    scheduler="synchronous")
+            except (ScanError, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # noqa: BLE001 - name the entry and what broke
+                raise task_failure(cap, params, keys[0], exc) from exc
             for key, rec in zip(keys, recs):
                 _write(sstore, params, key, rec)
                 bar.update(1)
 
 
 def _run_distributed(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParams, client,
-                     progress: bool, window: int):
+                     progress: bool, window: int, cap=None):
     """Entries go to the cluster `window` at a time (their q/k/v stay in worker memory only
     while their recipes run); each task's record is written as it completes (the client is the
     only writer)."""
@@ -554,9 +583,11 @@ def _run_distributed(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParam
                 try:
                     rec = fut.result()
                 except Exception as exc:  # noqa: BLE001 - name the task, keep the cause
-                    step, layer = params.steps[key[0]], params.layers[key[1]]
-                    raise ScanError(f"scan task step {step}, layer {layer}, recipe "
-                                    f"{params.recipes[key[2]]!r} failed: {exc}") from exc
+                    if cap is None:
+                        step, layer = params.steps[key[0]], params.layers[key[1]]
+                        raise ScanError(f"scan task step {step}, layer {layer}, recipe "
+                                        f"{params.recipes[key[2]]!r} failed: {exc}") from exc
+                    raise task_failure(cap, params, key, exc) from exc
                 _write(sstore, params, key, rec)
                 bar.update(1)
                 entry = left[key[:2]]
