@@ -89,6 +89,25 @@ def test_generate_cli_and_bad_input(tmp_path, capsys):
     assert "knows the classes" in capsys.readouterr().err
 
 
+def test_compare_names_an_unreadable_clip_file(tmp_path, capsys):
+    """A clip folder whose clip.safetensors or config.json is damaged is refused in one line
+    naming the file (before: safetensors' traceback, a bare JSON error)."""
+    from workbench.generate import Clip
+
+    clip = Clip(torch.rand(2, 3, 16, 16), torch.zeros(800), 8, 8000, {"prompt": "x"})
+    a, b = write_clip(clip, tmp_path / "a"), write_clip(clip, tmp_path / "b")
+    (b / "clip.safetensors").write_bytes(b"garbage garbage")
+    out = ["--out", str(tmp_path / "cmp"), "--quiet"]
+    assert main(["compare", str(a), str(b), *out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{b / 'clip.safetensors'}: not a readable clip" in err[0], err
+    write_clip(clip, b)
+    (b / "config.json").write_text('{"prompt": "x", "seed')
+    assert main(["compare", str(a), str(b), *out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{b / 'config.json'}: cannot be read as JSON" in err[0], err
+
+
 def test_generate_and_compare_refuse_to_replace_earlier_results(tmp_path, capsys):
     """A second run into the same --out is refused before any work, naming the file; the earlier
     files keep their bytes; --overwrite replaces only the run's own files."""

@@ -85,6 +85,19 @@ def test_bad_sources_are_refused_by_name(tmp_path, make, match):
     assert not (tmp_path / "x.zarr").exists()
 
 
+@pytest.mark.parametrize("name, data, match", [
+    ("bad.pt", b"garbage", "UnpicklingError: not a torch.save file of tensors"),
+    ("bad.safetensors", b"garbage garbage", "SafetensorError"),
+])
+def test_unreadable_files_are_refused_by_name(tmp_path, name, data, match):
+    """A file that is not what its suffix says is refused in one line naming it (before: the
+    unpickler's or safetensors' traceback; torch's message even advised an unsafe load)."""
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(ImportDataError, match=rf"{name}: cannot read it \({match}"):
+        import_tensors([tmp_path / name], tmp_path / "x.zarr")
+    assert not (tmp_path / "x.zarr").exists()
+
+
 def test_bad_layout_rotated_scale(tmp_path):
     torch.save(_entry(), tmp_path / "x.pt")
     with pytest.raises(ImportDataError, match="segments sum to 100 rows but the tensors have 96"):

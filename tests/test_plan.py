@@ -4,6 +4,7 @@ is (get_recipe, run_attention, generate / compare)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from workbench.evaluate.planning import PlanRule, derive_plan
 from workbench.evaluate.scan import finish_benefits
 from workbench.evaluate.scan_store import METRIC_NAMES, ScanParams, ScanStore, open_scan
 from workbench.recipes import PRESETS, RecipeError, RecipePlan, get_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LABELS = ("bf16", "fp8_dense", "fp8_dense_k", "fp8_dense_kv_corrected")
 # Output SQNR (dB) per (step, layer) for bf16, fp8_dense, fp8_dense_k, fp8_dense_kv_corrected.
@@ -160,7 +163,70 @@ def test_bad_plans_are_refused_naming_the_field():
     with pytest.raises(RecipeError, match="default recipe 'x'"):
         RecipePlan({"bf16": PRESETS["bf16"]}, (), default="x")
     with pytest.raises(RecipeError, match="names recipe 'k'"):
-        get_recipe('{"workbench_plan": 1, "recipes": {"bf16": {}}, '
+        get_recipe('{"workbench_plan": 1, "recipes": {"bf16": "bf16"}, '
                    '"entries": [{"step": 0, "layer": 0, "recipe": "k"}]}')
     with pytest.raises(RecipeError, match="workbench_plan"):
         get_recipe('{"workbench_plan": 7, "recipes": {}, "entries": []}')
+
+
+PLAN = {"workbench_plan": 1, "name": "hand", "default": "bf16",
+        "recipes": {"bf16": "bf16", "fp8": "fp8_dense"},
+        "entries": [{"step": 7, "layer": 1, "recipe": "fp8"}]}
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"recipes": []}, "field 'recipes' must be an object"),
+    ({"recipes": {}}, "field 'recipes' is empty"),
+    ({"entries": None}, "field 'entries' must be a list"),
+    ({"default": ["bf16"]}, "field 'default' must be a recipe label"),
+    ({"rule": "x"}, "field 'rule' must be an object"),
+    ({"recipes": {"bf16": {"name": "fp8_dense"}, "fp8": "fp8_dense"}},
+     r"recipes\['bf16'\]: the recipe object lacks"),
+    ({"recipes": {"bf16": "bf16", "fp8": "fp8_dense:qk_block=0"}},
+     r"recipes\['fp8'\]: recipe field 'qk_block'"),
+    ({"entries": [{"step": True, "layer": 1, "recipe": "fp8"}]}, "step must be a non-negative"),
+    ({"entries": [{"step": 7.9, "layer": 1, "recipe": "fp8"}]}, "step must be a non-negative"),
+    ({"entries": [{"step": 7, "layer": -1, "recipe": "fp8"}]}, "layer must be a non-negative"),
+    ({"entries": ["x"]}, r"entries\[0\] is not a plan entry"),
+])
+def test_plan_files_of_the_wrong_shape_are_refused_naming_file_and_field(edit, message,
+                                                                         tmp_path):
+    """A hand-edited plan whose fields have the wrong JSON type, whose recipe object is partial
+    (it would take the dataclass defaults, not the preset its name says) or whose entries are
+    not integer indices is refused naming the file and the field (before: tracebacks, silent
+    coercions such as step 7.9 -> 7 or true -> 1, and errors naming neither)."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({**PLAN, **edit}))
+    with pytest.raises(RecipeError, match=message) as err:
+        get_recipe(str(path))
+    assert str(path) in str(err.value)
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(RecipeError, match="list.json: not a plan or recipe"):
+        get_recipe(str(tmp_path / "list.json"))
+
+
+def test_plan_recipes_may_be_recipe_strings():
+    plan = get_recipe(PLAN)
+    assert plan.at(7, 1) == PRESETS["fp8_dense"] and plan.at(0, 0) == PRESETS["bf16"]
+
+
+def test_table_and_report_run_the_plans_recipe_of_the_entry(tmp_path, capsys):
+    """`table --store --step --layer` and `report` with a plan run the plan's recipe of that
+    entry (before: the table ran the plan's default, B = bf16 with zero error, exit 0; the
+    report died on an AttributeError after writing its figures)."""
+    from workbench.cli import main
+
+    store = ROOT / "captures" / "demo_h3_nano.zarr"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(PLAN))
+    assert main(["table", "--store", str(store), "--step", "7", "--layer", "1", "--queries",
+                 "16", "--a", "bf16", "--b", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "B = `fp8_dense`" in out and "plan 'hand' at step 7, layer 1: recipe 'fp8'" in err
+    assert main(["table", "--store", str(store), "--step", "8", "--layer", "1", "--queries",
+                 "16", "--a", "fp8_dense", "--b", str(path)]) == 0
+    assert "B = `bf16`" in capsys.readouterr().out  # no entry there: the default
+    assert main(["report", str(store), "--step", "7", "--layer", "1", "--queries", "16",
+                 "--b", str(path), "--out", str(tmp_path / "rep"), "--formats", "svg"]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "B: plan 'hand' at step 7, layer 1: recipe 'fp8'" in md and "`fp8_dense`" in md

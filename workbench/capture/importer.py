@@ -101,10 +101,19 @@ def read_tensors(paths) -> dict[str, tuple[torch.Tensor, str]]:
                     with np.load(p, allow_pickle=False) as z:
                         for key in z.files:
                             part[key] = (_from_numpy(z[key], f"{p}: {key}"), str(p))
-            except (OSError, ValueError, RuntimeError) as exc:
-                if isinstance(exc, ImportDataError):
-                    raise
-                raise ImportDataError(f"{p}: cannot read it ({str(exc).splitlines()[0]})") from None
+            except ImportDataError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any reader's error (an UnpicklingError, a
+                # SafetensorError: neither is an OSError / ValueError) names the file
+                import pickle
+
+                if isinstance(exc, pickle.UnpicklingError):  # torch's text advises unsafe loads
+                    why = ("not a torch.save file of tensors (dicts / lists / tuples of them), "
+                           "which is all this reader loads (torch.load weights_only=True)")
+                else:
+                    why = (str(exc).splitlines() or [""])[0]
+                raise ImportDataError(f"{p}: cannot read it ({type(exc).__name__}: {why})"
+                                      ) from None
             for key, val in part.items():
                 name = ".".join(x for x in (prefix, key) if x)
                 if name in out:

@@ -211,17 +211,28 @@ def read_clip(folder: str | Path) -> Clip:
     """Read a clip folder: exact tensors from clip.safetensors, else video.mp4 + audio.wav."""
     folder = Path(folder)
     cfg_path = folder / "config.json"
-    cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+    cfg = {}
+    if cfg_path.exists():
+        try:
+            cfg = json.loads(cfg_path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{cfg_path}: cannot be read as JSON ({exc})") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{cfg_path}: not a clip's config (a JSON {type(cfg).__name__})")
     st = folder / "clip.safetensors"
     if st.exists():
         from safetensors import safe_open
         from safetensors.torch import load_file
 
-        with safe_open(str(st), framework="pt") as f:
-            meta = f.metadata() or {}
-        t = load_file(str(st))
-        return Clip(t["video"], t["audio"], int(meta.get("fps", 8)),
-                    int(meta.get("sample_rate", 0)), cfg)
+        try:
+            with safe_open(str(st), framework="pt") as f:
+                meta = f.metadata() or {}
+            t = load_file(str(st))
+            return Clip(t["video"], t["audio"], int(meta.get("fps", 8)),
+                        int(meta.get("sample_rate", 0)), cfg)
+        except Exception as exc:  # noqa: BLE001 - a damaged file (SafetensorError), a missing
+            # tensor or metadata of the wrong type: name the file
+            raise ValueError(f"{st}: not a readable clip ({type(exc).__name__}: {exc})") from None
     mp4, wav = folder / "video.mp4", folder / "audio.wav"
     if not mp4.exists():
         raise FileNotFoundError(f"{folder}: no clip.safetensors or video.mp4")

@@ -140,23 +140,92 @@ class RecipePlan:
         for key in ("recipes", "entries"):
             if key not in data:
                 raise RecipeError(f"{where}: missing field {key!r}")
-        recipes = {lab: AttentionRecipe.from_dict(r) for lab, r in data["recipes"].items()}
+        shapes = {"recipes": (Mapping, "an object {label: recipe}"),
+                  "entries": (list, "a list of {step, layer, recipe} objects"),
+                  "default": (str, "a recipe label"), "name": (str, "a string"),
+                  "rule": (Mapping, "an object"), "source": (Mapping, "an object"),
+                  "expected_cost": (Mapping, "an object")}
+        for key, (kind, what) in shapes.items():
+            if key in data and not isinstance(data[key], kind):
+                raise RecipeError(f"{where}: field {key!r} must be {what}, got "
+                                  f"{type(data[key]).__name__} {data[key]!r:.60}")
+        if not data["recipes"]:
+            raise RecipeError(f"{where}: field 'recipes' is empty")
+        recipes = {lab: _plan_recipe(lab, r, where) for lab, r in data["recipes"].items()}
         entries = []
         for i, e in enumerate(data["entries"]):
             try:
-                entries.append(PlanEntry(step=int(e["step"]), layer=int(e["layer"]),
-                                         recipe=str(e["recipe"]),
+                step, layer = _entry_index(e, "step"), _entry_index(e, "layer")
+                entries.append(PlanEntry(step=step, layer=layer, recipe=str(e["recipe"]),
                                          cost=float(e.get("cost", float("nan"))),
                                          note=str(e.get("note", ""))))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise RecipeError(f"{where}: entries[{i}] is not a plan entry ({exc!r})") from None
-        return cls(recipes=recipes, entries=tuple(entries), default=data.get("default", "bf16"),
-                   name=data.get("name", "plan"), rule=data.get("rule", {}),
-                   source=data.get("source", {}), expected_cost=data.get("expected_cost", {}))
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise RecipeError(f"{where}: entries[{i}] is not a plan entry ({exc!r}): "
+                                  f"{e!r:.80}") from None
+        try:
+            return cls(recipes=recipes, entries=tuple(entries),
+                       default=data.get("default", "bf16"), name=data.get("name", "plan"),
+                       rule=data.get("rule", {}), source=data.get("source", {}),
+                       expected_cost=data.get("expected_cost", {}))
+        except RecipeError as exc:
+            raise RecipeError(f"{where}: {exc}") from None
 
     @classmethod
     def from_json(cls, text: str, where: str = "plan") -> RecipePlan:
         return cls.from_dict(json.loads(text), where)
+
+
+# fields every recipe dict of a plan has (since the first plan version): a dict without them
+# would silently take the dataclass defaults (smoothing "kv" and the V-bias correction for a
+# {"name": "fp8_dense"}), not the preset its name suggests
+CORE_FIELDS = ("qk_format", "v_format", "p_format", "smoothing", "sparsity")
+
+
+def _plan_recipe(label: str, spec: Any, where: str) -> AttentionRecipe:
+    """A plan's recipe: a full recipe object (as ``workbench plan`` writes) or a recipe string
+    ('fp8_dense', 'fp8_dense:qk_block=32'); errors name the file and the label."""
+    from .recipe import get_recipe
+
+    try:
+        if isinstance(spec, str):
+            recipe = get_recipe(spec)
+            if not isinstance(recipe, AttentionRecipe):
+                raise RecipeError("a plan cannot hold another plan")
+            return recipe
+        if not isinstance(spec, Mapping):
+            raise RecipeError(f"expected a recipe object or string, got {type(spec).__name__}")
+        missing = [f for f in CORE_FIELDS if f not in spec]
+        if missing:
+            raise RecipeError(f"the recipe object lacks {missing} (a full recipe object, as "
+                              "workbench plan writes, or a recipe string such as 'fp8_dense')")
+        return AttentionRecipe.from_dict(dict(spec))
+    except RecipeError as exc:
+        raise RecipeError(f"{where}: recipes[{label!r}]: {exc}") from None
+
+
+def _entry_index(entry: Mapping[str, Any], key: str) -> int:
+    """A plan entry's step or layer: a non-negative integer (not a bool, not 7.9)."""
+    v = entry[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{key} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def entry_recipe(spec: Any, step: int | None, layer: int | None) -> tuple[AttentionRecipe, str]:
+    """(the recipe that `spec` runs at one (step, layer), a note for the user or ""): a plan's
+    recipe planned there (its default where it has no entry, or when step / layer is None), a
+    recipe itself. The recipe's own numerics: its dense policy is not applied (what the accuracy
+    table and the report compare)."""
+    from .recipe import get_recipe
+
+    r = get_recipe(spec)
+    if not isinstance(r, RecipePlan):
+        return r, ""
+    label = r.label_at(step, layer)
+    where = ("(no step / layer: its default)" if step is None or layer is None else
+             f"at step {step}, layer {layer}" + ("" if (step, layer) in r._by_entry
+                                                   else " (no entry: its default)"))
+    return r.recipes[label], f"plan {r.name!r} {where}: recipe {label!r}"
 
 
 def is_plan_dict(data: Any) -> bool:
@@ -189,6 +258,12 @@ def read_plan_spec(spec: Any) -> RecipePlan | AttentionRecipe | None:
         raise RecipeError(f"{where}: invalid JSON ({exc})") from None
     if is_plan_dict(data):
         return RecipePlan.from_dict(data, where)
-    if where != "plan" and isinstance(data, dict):
-        return AttentionRecipe.from_dict(data)  # a recipe JSON file
+    if where != "plan":  # a .json file: a recipe object, nothing else
+        if not isinstance(data, dict):
+            raise RecipeError(f"{where}: not a plan or recipe (a JSON {type(data).__name__}, "
+                              "expected an object)")
+        try:
+            return AttentionRecipe.from_dict(data)
+        except RecipeError as exc:
+            raise RecipeError(f"{where}: {exc}") from None
     return None

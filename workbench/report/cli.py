@@ -16,7 +16,7 @@ from workbench.cli_args import (
     positive_int,
     writing_mark,
 )
-from workbench.recipes import get_recipe
+from workbench.recipes.plan import entry_recipe
 
 
 def check_out_folder(path, flag: str = "--out") -> Path:
@@ -79,6 +79,7 @@ def load_table_input(args) -> dict:
             print(f"note: {args.store} records a causal model; this replay is non-causal "
                   "(--no-causal)", file=sys.stderr)
         return dict(q=q, k=k, v=v, layout=cap.layout, heads=None, head_labels=heads,
+                    entry=(entry.step, entry.layer),
                     rotated=cap.rotated_channels, causal=causal, scale=call["scale"],
                     source=f"capture store `{args.store}`, step {args.step}, layer {args.layer}"
                            + ("" if causal else ", non-causal replay"))
@@ -113,8 +114,16 @@ def cmd_table(args) -> int:
     check_table_files(args.json, args.md)
     check_device(args.device)
     inp = load_table_input(args)
+    # a plan runs its recipe of the entry read (--store --step --layer; else its default)
+    step, layer = inp.get("entry", (None, None))
+    recipes = []
+    for flag, spec in (("--a", args.a), ("--b", args.b)):
+        r, note = entry_recipe(spec, step, layer)
+        if note:
+            print(f"{flag}: {note}", file=sys.stderr)
+        recipes.append(r)
     table = accuracy_table(
-        inp["q"], inp["k"], inp["v"], get_recipe(args.a), get_recipe(args.b),
+        inp["q"], inp["k"], inp["v"], *recipes,
         layout=inp["layout"], heads=inp["heads"], head_labels=inp["head_labels"],
         n_queries=args.queries, rotated=inp["rotated"], source=inp["source"],
         causal=inp["causal"], scale=inp["scale"],

@@ -23,6 +23,7 @@ from pathlib import Path
 
 
 from workbench.recipes import get_recipe
+from workbench.recipes.plan import entry_recipe
 
 DEFAULT_BROWSER = "/usr/bin/chromium"
 FIG_WIDTH, FIG_HEIGHT = 1000, 560  # layout size in CSS pixels
@@ -145,7 +146,11 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     step = src.steps[-1] if step is None else step
     layer = src.layers[-1] if layer is None else layer
     heads = list(heads) if heads is not None else src.heads[:4]
-    a, b = get_recipe(recipe_a), get_recipe(recipe_b)
+    # a plan runs its recipe of this entry (its own numerics, as every recipe here)
+    (a, note_a), (b, note_b) = (entry_recipe(r, step, layer) for r in (recipe_a, recipe_b))
+    for flag, note in (("A", note_a), ("B", note_b)):
+        if note:
+            log(f"{flag}: {note}")
     figs, comp, grids = report_figures(src, a, b, step=step, layer=layer, heads=heads,
                                        n_queries=n_queries)
     table = table_from_comparison(comp, a.to_string(), b.to_string(),
@@ -160,7 +165,8 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
         f"Store `{store_rel}` ({src.describe()}). Entry: step {step}, layer {layer}. Reference "
         "path (torch emulation of each recipe) against float64 dense attention; the recipes' "
         "dense policy (dense steps / layers) is not applied, so the entry runs each recipe's "
-        "own numerics.",
+        "own numerics." + "".join(f" {flag}: {note}." for flag, note in (("A", note_a),
+                                                                        ("B", note_b)) if note),
         "",
         table.to_markdown(),
         "### Figures",
