@@ -242,6 +242,18 @@ def test_corrupt_capture_chunk_is_named_by_the_scan(small_capture, capsys):
     assert f"workbench inspect {small_capture} --verify" in err, err
 
 
+def test_damaged_capture_entry_metadata_is_named_by_the_scan(tmp_path, capsys):
+    """An entry whose zarr.json is truncated: the scan names the entry and the file (before:
+    "entries [(7, 1)] are not in the capture (or differ in shape)")."""
+    store = tmp_path / "cap.zarr"
+    shutil.copytree(STORE, store)
+    meta = store / "entries" / "s00007" / "transformer_blocks.1" / "zarr.json"
+    meta.write_text(meta.read_text()[:40])
+    err = _cli_error(["scan", str(store), "--out", str(tmp_path / "s.scan.zarr"), *CLI_SMALL],
+                     capsys)
+    assert "(7, 1): " in err and f"{meta}: not valid JSON" in err, err
+
+
 def test_lost_benefit_chunk_is_refused(scan, copy):
     (_chunk(copy, "benefit", 1, 0, 0)).unlink()
     with pytest.raises(ScanError, match="benefit has no interval at step 8"):

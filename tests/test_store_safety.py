@@ -723,3 +723,30 @@ def test_ranges_select_the_same_entries_in_capture_and_table(cli_store, capsys):
     rc, out, _ = cli(capsys, "table", "--store", cli_store, "--step", "1", "--layer", "0",
                      "--heads", "0-1", "--queries", "8")
     assert rc == 0 and "| Head | 0 | 1 |" in out
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"rotated_channels": 500}, "attribute 'rotated_channels' is 500, not a channel count of "
+                                "the entries' head dim 128"),
+    ({"segment_layout": {"text": 4, "conditioning": 0, "audio": 32, "video": 100}},
+     "attribute 'segment_layout': its segments sum to 136 rows, but the entries hold 164"),
+])
+def test_root_attributes_that_contradict_the_entries_are_named(tmp_path, capsys, edit, message):
+    """A root attribute that does not fit the entries (a RoPE channel count past the head dim, a
+    layout that does not sum to the sequence) is refused by every reader naming the store's
+    zarr.json and the attribute, and listed by `inspect --verify` (before: "rotated: the RoPE
+    channel count must be ..." / "layout: segments sum to ..." naming neither, and `--verify`
+    said the metadata was valid)."""
+    store = tmp_path / "cap.zarr"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "captures" / "demo_h3_nano.zarr",
+                    store)
+    root = store / "zarr.json"
+    meta = json.loads(root.read_text())
+    meta["attributes"].update(edit)
+    root.write_text(json.dumps(meta))
+    assert main(["table", "--store", str(store), "--step", "7", "--layer", "1",
+                 "--queries", "16"]) == 2
+    err = capsys.readouterr().err
+    assert f"{root}: {message}" in err, err
+    assert main(["inspect", str(store), "--verify", "--no-stats"]) == 1
+    assert f"{root}: {message}" in capsys.readouterr().out

@@ -27,13 +27,23 @@ def channel_norms(x: torch.Tensor, rotated: int | None) -> dict[str, float]:
             for key, _, a, b in channel_groups(rotated, x.shape[-1])}
 
 
+def safe_rotated(reader: CaptureReader) -> tuple[int | None, str | None]:
+    """(the store's RoPE channel count or None, the problem when its attribute is damaged)."""
+    from .schema import MetadataError
+
+    try:
+        return reader.rotated_channels, None
+    except MetadataError as exc:
+        return None, str(exc)
+
+
 def layer_norm_stats(reader: CaptureReader, damaged: list[str] | None = None) -> list[dict]:
     """Per layer (averaged over its complete steps): K/V mean norms per channel group.
 
     damaged: when given, entries that fail to read are listed there (one line each) and left out;
     otherwise the first failure raises.
     """
-    rotated = reader.rotated_channels
+    rotated = safe_rotated(reader)[0]
     per_layer: dict = {}
     for e in reader.entries(include_incomplete=False):
         try:
@@ -131,7 +141,10 @@ def inspect_store(path, stats: bool = True, strict: bool = True) -> str:
                      ", ".join(e.path for e in entries if not e.complete))
     if stats and done:
         D = done[0].shape_kv[-1]
-        groups = channel_groups(r.rotated_channels, D)
+        rotated, bad = safe_rotated(r)
+        if bad:  # inspect describes a damaged store: the norms over all channels, and why
+            lines.append(f"\n{bad}; the norms below do not split the channels")
+        groups = channel_groups(rotated, D)
         lines.append("")
         lines.append("per-layer mean L2 norm per (token, head) vector, averaged over steps, over "
                      + " and ".join(label for _, label, _, _ in groups))

@@ -168,16 +168,42 @@ class CaptureReader:
         """Segment layout of the packed sequence; one segment ``tokens`` over the captured length
         when the store does not record one."""
         d = self.attrs.get("segment_layout")
-        if d:
-            return SegmentLayout.from_dict(d)
         done = self.entries(False)
+        if d:
+            where = f"{self.path / 'zarr.json'}: attribute 'segment_layout'"
+            try:
+                layout = SegmentLayout.from_dict(d)
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise MetadataError(f"{where}: {exc}") from None
+            if done and layout.total != done[0].shape_kv[1]:
+                raise MetadataError(f"{where}: its segments sum to {layout.total} rows, but the "
+                                    f"entries hold {done[0].shape_kv[1]} tokens")
+            return layout
         if not done:
             raise CaptureStoreError(f"{self.path}: no complete entries and no segment layout")
         return SegmentLayout.tokens(done[0].shape_kv[1])
 
     @property
     def rotated_channels(self) -> int | None:
-        return _int_or_none(self.attrs.get("rotated_channels"))
+        r = _int_or_none(self.attrs.get("rotated_channels"))
+        done = self.entries(False)
+        if r is not None and done and not 0 <= r <= done[0].shape_q[-1]:
+            raise MetadataError(f"{self.path / 'zarr.json'}: attribute 'rotated_channels' is {r}, "
+                                f"not a channel count of the entries' head dim "
+                                f"{done[0].shape_q[-1]} (0..{done[0].shape_q[-1]})")
+        return r
+
+    def _root_attr_problems(self) -> list[str]:
+        """The segment layout and RoPE channel count checked against the entries (``verify``)."""
+        problems = []
+        for name in ("layout", "rotated_channels"):
+            try:
+                getattr(self, name)
+            except MetadataError as exc:
+                problems.append(str(exc))
+            except CaptureStoreError:
+                pass  # no entries and no layout: nothing to check against
+        return problems
 
     def attention_call(self) -> dict:
         """How the model attended: {"causal", "scale", "mask_shape"}. The store's own attributes
@@ -330,7 +356,7 @@ class CaptureReader:
     def verify_report(self) -> tuple[list[str], list[str]]:
         """(problems, notes): ``verify`` plus notes that are not errors (e.g. entries written
         before chunk records existed, whose missing chunks cannot be told from all-zero ones)."""
-        problems: list[str] = list(self.root_problems)
+        problems: list[str] = list(self.root_problems) + self._root_attr_problems()
         unrecorded: list[str] = []
         base = self.path / "entries"
         group_dirs = [base, *sorted(p for p in base.iterdir() if p.is_dir())] \

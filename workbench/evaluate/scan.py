@@ -297,8 +297,14 @@ def plan_scan(store, recipes, *, steps=None, layers=None, heads=None, n_queries:
     if not complete.all():
         miss = [(s, lay) for i, s in enumerate(steps) for j, lay in enumerate(layers)
                 if not complete[i, j]]
-        raise ScanError(f"{store}: entries (step, layer) {miss[:8]} are not in the capture "
-                        "(or differ in shape); choose --steps / --layers that it has")
+        try:  # the capture reader says why the first of them cannot be read
+            cap.find(*miss[0])
+            why = "its shape differs from the other entries'"
+        except (KeyError, ValueError) as exc:  # no entry, damaged metadata, incomplete
+            why = str(exc.args[0]) if exc.args else repr(exc)
+        raise ScanError(f"{store}: entries (step, layer) {miss[:8]} cannot be scanned; "
+                        f"{miss[0]}: {why}; choose --steps / --layers that it has "
+                        f"(`workbench inspect {store} --verify` lists every problem)")
     first = cap.find(steps[0], layers[0])
     meta = cap.root[first.path].attrs
     if meta.get("has_query_rows"):
