@@ -230,3 +230,28 @@ def test_table_and_report_run_the_plans_recipe_of_the_entry(tmp_path, capsys):
                  "--b", str(path), "--out", str(tmp_path / "rep"), "--formats", "svg"]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "B: plan 'hand' at step 7, layer 1: recipe 'fp8'" in md and "`fp8_dense`" in md
+
+
+def test_generate_notes_a_plan_from_another_sampling_grid(tmp_path, capsys):
+    """A plan records its capture's sampling grid (`workbench plan` reads the store's
+    sampling_grid_points); generating with it on another grid notes that its step indices mean
+    other noise levels (before: silence), and says nothing on the same grid."""
+    from workbench.cli import main
+
+    store = ROOT / "captures" / "demo_h3_nano.zarr"
+    scan = tmp_path / "s.scan.zarr"
+    assert main(["scan", str(store), "--recipes", "fp8_dense,fp8_dense_k", "--steps", "7,8",
+                 "--layers", "1,2", "--queries", "16", "--scheduler", "synchronous",
+                 "--device", "cpu", "--quiet", "--out", str(scan)]) == 0
+    assert main(["plan", str(scan), "--out", str(tmp_path / "p.json")]) == 0
+    plan = get_recipe(str(tmp_path / "p.json"))
+    assert plan.source["grid_points"] == 10
+    capsys.readouterr()
+    argv = ["generate", "--model", "h3-tiny", "--prompt", "red", "--recipe",
+            str(tmp_path / "p.json"), "--quiet"]
+    assert main([*argv, "--steps", "3", "--out", str(tmp_path / "g3")]) == 0
+    out, err = capsys.readouterr()
+    assert "comes from a capture of 10 sampling grid points, this run has 3" in err, err
+    assert "recipe plan plan:" in out and '"workbench_plan"' not in out, out
+    assert main([*argv, "--steps", "10", "--out", str(tmp_path / "g10")]) == 0
+    assert "sampling grid points" not in capsys.readouterr().err

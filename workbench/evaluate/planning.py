@@ -122,6 +122,21 @@ def _prefix_fraction(ds) -> float:
     return layout.prefix_len / layout.total if layout.total else 0.0
 
 
+def _capture_grid(store: str) -> dict:
+    """{"grid_points": N} of the scanned capture's sampling schedule when its store records it
+    (a plan's step indices mean those grid points; ``generate`` notes a run on another grid),
+    else {} (a capture of another model, or a store no longer at its path)."""
+    import json
+    from pathlib import Path
+
+    try:
+        attrs = json.loads((Path(store) / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    n = attrs.get("sampling_grid_points")
+    return {"grid_points": n} if isinstance(n, int) and not isinstance(n, bool) else {}
+
+
 def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None = None
                 ) -> RecipePlan:
     """The plan of `rule` over every done entry of the scan `ds` (``open_scan``)."""
@@ -175,7 +190,8 @@ def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None =
                 "store_id": ds.attrs["params"]["store_id"],
                 "n_queries": ds.attrs["params"]["n_queries"],
                 "heads": ds.attrs["params"]["heads"],
-                "dense_policy": ds.attrs["params"]["dense_policy"]},
+                "dense_policy": ds.attrs["params"]["dense_policy"],
+                **_capture_grid(ds.attrs["params"]["store"])},
         expected_cost={
             "relative_to_bf16": float(np.mean(costs)),
             "entries": len(entries),

@@ -102,8 +102,13 @@ def cmd_generate(args) -> int:
     with writing_mark(args.out, "generate"):
         out = write_clip(clip, args.out)
     calls = clip.config["attention_calls"]
+    used = clip.config["recipe_string"]
+    if used.startswith("{") and '"workbench_plan"' in used:  # a plan: its summary, not its JSON
+        from workbench.recipes import get_recipe
+
+        used = get_recipe(used).describe()
     print(f"wrote {out} ({clip.video.shape[0]} frames, {clip.audio.numel()} audio samples) in "
-          f"{clip.config['seconds']:.1f} s; recipe {clip.config['recipe_string']}; "
+          f"{clip.config['seconds']:.1f} s; recipe {used}; "
           f"attention calls replaced {calls['replaced_calls']} "
           f"(dense policy {calls['dense_policy_calls']}), captured {calls['captured_calls']}")
     return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,12 @@ def generate(
     check_in_range(None if capture_layers is None else [int(x) for x in capture_layers],
                    len(h3.model.transformer_blocks), "--layers", h3.name, "blocks")
     rec = resolve_recipe(recipe, dense_steps, dense_layers)
+    plan_grid = getattr(rec, "source", {}).get("grid_points")  # a RecipePlan's capture grid
+    if plan_grid is not None and plan_grid != grid:
+        print(f"note: plan {rec.name!r} comes from a capture of {plan_grid} sampling grid "
+              f"points, this run has {grid}: its step indices mean other noise levels here "
+              f"(generate with --steps {plan_grid}, or plan from a capture of this schedule)",
+              file=sys.stderr)
     layout = h3.layout.segments
     cap_ctx = None
     if capture is not None:
