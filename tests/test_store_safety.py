@@ -750,3 +750,17 @@ def test_root_attributes_that_contradict_the_entries_are_named(tmp_path, capsys,
     assert f"{root}: {message}" in err, err
     assert main(["inspect", str(store), "--verify", "--no-stats"]) == 1
     assert f"{root}: {message}" in capsys.readouterr().out
+
+
+def test_inspect_tells_damaged_metadata_from_an_interrupted_entry(tmp_path, capsys):
+    """`inspect` without --verify lists an entry whose zarr.json is damaged as damaged, with the
+    file and the problem (before: "INCOMPLETE ... resume the capture to rewrite")."""
+    store = tmp_path / "cap.zarr"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "captures" / "demo_h3_nano.zarr",
+                    store)
+    meta = store / "entries" / "s00007" / "transformer_blocks.1" / "zarr.json"
+    meta.write_text(meta.read_text()[:40])
+    assert main(["inspect", str(store), "--no-stats"]) == 0
+    out = capsys.readouterr().out
+    assert "INCOMPLETE" not in out and "DAMAGED METADATA" in out and f"{meta}: not valid JSON" \
+        in out, out

@@ -135,10 +135,17 @@ def inspect_store(path, stats: bool = True, strict: bool = True) -> str:
             f"{str(list(e.shape_q or [])):<20} {str(list(e.shape_kv or [])):<20} "
             f"{e.nbytes / 2**20:>8.3f}"
         )
-    if entries and len(done) < len(entries):
+    writing = [e.path for e in entries if not e.complete and e.problem is None]
+    damaged = [e for e in entries if not e.complete and e.problem is not None]
+    if writing:
         lines.append("")
         lines.append("INCOMPLETE (started, never finished; resume the capture to rewrite): " +
-                     ", ".join(e.path for e in entries if not e.complete))
+                     ", ".join(writing))
+    if damaged:  # unreadable or invalid metadata: not a capture that stopped midway
+        lines.append("")
+        lines.append("DAMAGED METADATA (inspect --verify lists every problem): " +
+                     "; ".join(e.problem for e in damaged[:3]) +
+                     (f" (+{len(damaged) - 3} more)" if len(damaged) > 3 else ""))
     if stats and done:
         D = done[0].shape_kv[-1]
         rotated, bad = safe_rotated(r)
