@@ -53,6 +53,8 @@ def test_overrides_parse_and_print():
         ("fp8_dense:nonsense=1", "nonsense"),
         ('{"qk_format": "fp16"}', "qk_format"),
         ('{"bogus": 1}', "bogus"),
+        ('{"name": "fp8_dense"}', r"lacks \['qk_format'"),  # would take the defaults
+        ('[1, 2]', "unknown preset '\\[1, 2\\]'"),
     ],
 )
 def test_invalid_recipes_name_the_field(spec, field):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from .recipe import AttentionRecipe, RecipeError
+from .recipe import AttentionRecipe, RecipeError, full_recipe
 
 PLAN_MARKER = "workbench_plan"
 PLAN_VERSION = 1
@@ -175,12 +175,6 @@ class RecipePlan:
         return cls.from_dict(json.loads(text), where)
 
 
-# fields every recipe dict of a plan has (since the first plan version): a dict without them
-# would silently take the dataclass defaults (smoothing "kv" and the V-bias correction for a
-# {"name": "fp8_dense"}), not the preset its name suggests
-CORE_FIELDS = ("qk_format", "v_format", "p_format", "smoothing", "sparsity")
-
-
 def _plan_recipe(label: str, spec: Any, where: str) -> AttentionRecipe:
     """A plan's recipe: a full recipe object (as ``workbench plan`` writes) or a recipe string
     ('fp8_dense', 'fp8_dense:qk_block=32'); errors name the file and the label."""
@@ -194,11 +188,7 @@ def _plan_recipe(label: str, spec: Any, where: str) -> AttentionRecipe:
             return recipe
         if not isinstance(spec, Mapping):
             raise RecipeError(f"expected a recipe object or string, got {type(spec).__name__}")
-        missing = [f for f in CORE_FIELDS if f not in spec]
-        if missing:
-            raise RecipeError(f"the recipe object lacks {missing} (a full recipe object, as "
-                              "workbench plan writes, or a recipe string such as 'fp8_dense')")
-        return AttentionRecipe.from_dict(dict(spec))
+        return full_recipe(dict(spec))
     except RecipeError as exc:
         raise RecipeError(f"{where}: recipes[{label!r}]: {exc}") from None
 
@@ -263,7 +253,7 @@ def read_plan_spec(spec: Any) -> RecipePlan | AttentionRecipe | None:
             raise RecipeError(f"{where}: not a plan or recipe (a JSON {type(data).__name__}, "
                               "expected an object)")
         try:
-            return AttentionRecipe.from_dict(data)
+            return full_recipe(data)
         except RecipeError as exc:
             raise RecipeError(f"{where}: {exc}") from None
     return None

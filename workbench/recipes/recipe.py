@@ -396,6 +396,24 @@ PRESETS: dict[str, AttentionRecipe] = {
 DEFAULT_RECIPE = "fp8_sol_kv_corrected"
 
 
+# fields every recipe object has had since the first version: an object without them would take
+# the dataclass defaults (smoothing "kv" and the V-bias correction for {"name": "fp8_dense"}),
+# not the preset its name suggests
+CORE_FIELDS = ("qk_format", "v_format", "p_format", "smoothing", "sparsity")
+
+
+def full_recipe(data: dict[str, Any]) -> AttentionRecipe:
+    """A recipe object given whole (``workbench recipes --show NAME`` prints one): its values
+    checked, and refused when it lacks a core field rather than filled with defaults."""
+    r = AttentionRecipe.from_dict(data)
+    missing = [f for f in CORE_FIELDS if f not in data]
+    if missing:
+        raise RecipeError(f"recipe: a recipe object lists every field (`workbench recipes --show "
+                          f"NAME` prints one); this one lacks {missing}. For a preset with "
+                          "changes write 'NAME:field=value,...'")
+    return r
+
+
 def get_recipe(spec: str | AttentionRecipe | dict | None = None) -> AttentionRecipe:
     """Parse a recipe from a preset name, 'preset:field=value,...', JSON text, or a dict.
 
@@ -412,15 +430,18 @@ def get_recipe(spec: str | AttentionRecipe | dict | None = None) -> AttentionRec
     if plan is not None:
         return plan
     if isinstance(spec, dict):
-        return AttentionRecipe.from_dict(spec)
+        return full_recipe(spec)
     if not isinstance(spec, str):
         raise RecipeError(f"recipe: expected a name, string or dict, got {type(spec).__name__}")
     text = spec.strip()
     if text.startswith("{"):
         try:
-            return AttentionRecipe.from_json(text)
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise RecipeError(f"recipe: invalid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise RecipeError(f"recipe: JSON {type(data).__name__}, expected an object")
+        return full_recipe(data)
     name, _, rest = text.partition(":")
     if name not in PRESETS:
         raise RecipeError(f"recipe: unknown preset {name!r}; presets: {sorted(PRESETS)}")
