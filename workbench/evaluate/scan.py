@@ -487,8 +487,7 @@ def _scan_into(build: Path, out: Path, cap, params: ScanParams, ds, *, own, sche
             n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
             sched = scheduler or "LocalCluster"
             t0 = time.perf_counter()
-            _run_distributed(jobs, sstore, params, client, progress, window=2 * n_workers,
-                             cap=cap)
+            _run_distributed(jobs, sstore, params, client, progress, 2 * n_workers, cap)
     finally:
         if own is not None:
             own[1].close()
@@ -550,7 +549,7 @@ def _run_synchronous(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParam
             try:
                 recs = dask.compute(*[task(job.read, **job.tasks[k]) for k in keys],
                                     scheduler="synchronous")
-            except (ScanError, KeyboardInterrupt):
+            except ScanError:
                 raise
             except Exception as exc:  # noqa: BLE001 - name the entry and what broke
                 raise task_failure(cap, params, keys[0], exc) from exc
@@ -560,7 +559,7 @@ def _run_synchronous(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParam
 
 
 def _run_distributed(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParams, client,
-                     progress: bool, window: int, cap=None):
+                     progress: bool, window: int, cap):
     """Entries go to the cluster `window` at a time (their q/k/v stay in worker memory only
     while their recipes run); each task's record is written as it completes (the client is the
     only writer)."""
@@ -589,10 +588,6 @@ def _run_distributed(jobs: list[EntryJobs], sstore: ScanStore, params: ScanParam
                 try:
                     rec = fut.result()
                 except Exception as exc:  # noqa: BLE001 - name the task, keep the cause
-                    if cap is None:
-                        step, layer = params.steps[key[0]], params.layers[key[1]]
-                        raise ScanError(f"scan task step {step}, layer {layer}, recipe "
-                                        f"{params.recipes[key[2]]!r} failed: {exc}") from exc
                     raise task_failure(cap, params, key, exc) from exc
                 _write(sstore, params, key, rec)
                 bar.update(1)

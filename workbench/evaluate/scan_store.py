@@ -365,14 +365,20 @@ def describe_unreadable(path: Path, name: str, bad: list, params: dict, limit: i
     return f"{'; '.join(shown)}{more}; the scan store is damaged: {fix}"
 
 
+def unreadable_error(path: Path, arr, name: str, params: dict, exc: Exception) -> ScanError:
+    """The ScanError for a failed read of array `name` (zarr array `arr`): its corrupt chunks
+    located (``unreadable_chunks``) and named (``describe_unreadable``)."""
+    bad = unreadable_chunks(arr) or [((), str(exc))]
+    return ScanError(f"{path}: {describe_unreadable(path, name, bad, params)}")
+
+
 def read_array(path: Path, arrays, name: str, params: dict) -> np.ndarray:
     """All of array `name` (of the group or dict `arrays`) as numpy; a corrupt chunk raises
-    ScanError naming the array, the task and the chunk file (``describe_unreadable``)."""
+    ScanError naming the array, the task and the chunk file (``unreadable_error``)."""
     try:
         return np.asarray(arrays[name][...])
     except Exception as exc:
-        bad = unreadable_chunks(arrays[name]) or [((), str(exc))]
-        raise ScanError(f"{path}: {describe_unreadable(path, name, bad, params)}") from exc
+        raise unreadable_error(path, arrays[name], name, params, exc) from exc
 
 
 def _chunk_keys(array_dir: Path) -> set[tuple[int, ...]]:
@@ -422,10 +428,6 @@ def _output_mse(metric_names: list, entry_at):
     return lambda si, li, ri: float(entry_at(si, li, ri, m))
 
 
-def _read_values(path: Path, arrays: dict, names, params: dict) -> dict:
-    return {name: read_array(path, arrays, name, params) for name in names}
-
-
 class ScanStore:
     """The scan store opened for writing by one process (the scan's client).
 
@@ -462,7 +464,8 @@ class ScanStore:
             # A corrupt chunk (present, not decodable) is named when the run's end reads the
             # task arrays (``scan.finish_benefits``: 0.06 s for the 108 tasks of a 3-recipe
             # scan of the shipped capture, 2026-12-02)
-            values = _read_values(self.path, self.root, COORD_PARAMS, attrs["params"])
+            values = {name: read_array(self.path, self.root, name, attrs["params"])
+                      for name in COORD_PARAMS}
             check_coords(self.path, values, attrs["params"])
             entry = self.arrays["entry_metrics"]
 
@@ -470,9 +473,8 @@ class ScanStore:
                 try:
                     return entry[idx]
                 except Exception as exc:  # a corrupt chunk: name the array, task and file
-                    bad = unreadable_chunks(entry) or [((), str(exc))]
-                    raise ScanError(f"{self.path}: " + describe_unreadable(
-                        self.path, "entry_metrics", bad, attrs["params"])) from exc
+                    raise unreadable_error(self.path, entry, "entry_metrics", attrs["params"],
+                                           exc) from exc
 
             self.damaged = lost_task_chunks(
                 self.path, self._done, _output_mse(list(attrs["names"]["metric"]), entry_at))

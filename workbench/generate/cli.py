@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from workbench.capture.storefs import check_outside_stores
+from workbench.recipes.plan import RecipePlan, read_plan_spec
 from workbench.cli_args import (
     CLIP_FILES,
     CLIP_MARKER,
@@ -103,10 +104,9 @@ def cmd_generate(args) -> int:
         out = write_clip(clip, args.out)
     calls = clip.config["attention_calls"]
     used = clip.config["recipe_string"]
-    if used.startswith("{") and '"workbench_plan"' in used:  # a plan: its summary, not its JSON
-        from workbench.recipes import get_recipe
-
-        used = get_recipe(used).describe()
+    plan = read_plan_spec(used)
+    if isinstance(plan, RecipePlan):  # a plan: its summary, not its JSON
+        used = plan.describe()
     print(f"wrote {out} ({clip.video.shape[0]} frames, {clip.audio.numel()} audio samples) in "
           f"{clip.config['seconds']:.1f} s; recipe {used}; "
           f"attention calls replaced {calls['replaced_calls']} "

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from workbench.attention.runner import run_attention
-from workbench.recipes import AttentionRecipe, get_recipe
+from workbench.recipes import AttentionRecipe, RecipePlan, get_recipe
 
 VIEW_MIN_SIDE = 128  # enlarge small frames (nearest, integer factor) in the mp4 for viewing
 
@@ -88,7 +88,7 @@ def generate(
     check_in_range(None if capture_layers is None else [int(x) for x in capture_layers],
                    len(h3.model.transformer_blocks), "--layers", h3.name, "blocks")
     rec = resolve_recipe(recipe, dense_steps, dense_layers)
-    plan_grid = getattr(rec, "source", {}).get("grid_points")  # a RecipePlan's capture grid
+    plan_grid = rec.source.get("grid_points") if isinstance(rec, RecipePlan) else None
     if plan_grid is not None and plan_grid != grid:
         print(f"note: plan {rec.name!r} comes from a capture of {plan_grid} sampling grid "
               f"points, this run has {grid}: its step indices mean other noise levels here "
