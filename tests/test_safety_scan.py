@@ -282,6 +282,24 @@ def test_missing_done_array_names_the_store(copy, capsys):
     assert str(copy) in err and "'done'" in err
 
 
+@pytest.mark.parametrize("version", [2, "1", True, None])
+def test_unknown_scan_version_is_refused_naming_the_field(copy, capsys, version):
+    """A scan written in another layout (or a hand-edited marker) is not read by this one's rules:
+    plan, open_scan and a resume refuse it, naming the store's zarr.json and the field."""
+    meta = json.loads((copy / "zarr.json").read_text())
+    meta["attributes"]["workbench_scan"] = version
+    (copy / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(ScanError, match=r"workbench_scan is .*version 1 only"):
+        open_scan(copy)
+    before = sorted(p.name for p in copy.iterdir())
+    for argv in (["plan", str(copy), "--out", str(copy.parent / "p.json")],
+                 ["scan", str(STORE), *CLI_SMALL, "--out", str(copy)]):
+        err = _cli_error(argv, capsys)
+        assert f"{copy}/zarr.json" in err and "workbench_scan" in err
+    assert sorted(p.name for p in copy.iterdir()) == before
+    assert not (copy.parent / "p.json").exists()
+
+
 # -- 5. scan . -----------------------------------------------------------------------------------
 def test_scan_and_plan_of_dot(small_capture, monkeypatch, capsys):
     monkeypatch.chdir(small_capture)

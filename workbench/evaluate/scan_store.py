@@ -3,7 +3,7 @@
 Layout (``open_scan`` returns it as one labelled xarray Dataset)::
 
     STORE.scan.zarr/
-      zarr.json          attrs: workbench_scan (version), params (ScanParams), names, runs
+      zarr.json          attrs: workbench_scan (1; other versions refused), params, names, runs
       step, layer, head, row                       coordinates (ints; row = sampled query rows)
       entry_metrics      [step, layer, recipe, metric]        float64, NaN until written
       head_metrics       [step, layer, head, recipe, metric]  float64 (NaN: no per-head value)
@@ -265,6 +265,12 @@ def scan_attrs(path: Path) -> dict:
     attrs = meta.get("attributes") if isinstance(meta, dict) else None
     if not isinstance(attrs, dict) or SCAN_MARKER not in attrs:
         raise ScanError(f"{path}: not a scan store (no {SCAN_MARKER!r} attribute)")
+    version = attrs[SCAN_MARKER]
+    if type(version) is not int or version != SCAN_VERSION:
+        # Another layout (a newer release's, or a hand edit) would be read by this one's rules.
+        raise ScanError(f"{where}: {SCAN_MARKER} is {version!r}, this workbench reads version "
+                        f"{SCAN_VERSION} only; run the scan again with this release, or open it "
+                        "with the release that wrote it")
     for key in ("params", "names"):
         if not isinstance(attrs.get(key), dict):
             raise ScanError(f"{where}: the attribute {key!r} is missing; {DAMAGED}")
