@@ -329,6 +329,22 @@ def test_store_without_chunk_records_reads_and_verify_says_it_lacks_them(tmp_pat
     assert any("chunk c/0/0/0/0 is missing (no chunk record" in p for p in r.verify())
 
 
+def test_verify_notes_a_requested_entry_whose_folder_was_removed(tmp_path, capsys):
+    """A removed entry folder leaves no chunk to miss: verify notes the requested (step, layer)
+    entries the store lacks, naming the first, and stays quiet on the complete shipped capture."""
+    shipped = Path(__file__).resolve().parents[1] / "captures" / "demo_h3_nano.zarr"
+    assert open_capture(shipped).verify_report()[1] == []
+    store = tmp_path / "demo.zarr"
+    shutil.copytree(shipped, store)
+    shutil.rmtree(store / "entries" / "s00003" / "transformer_blocks.2")
+    problems, notes = open_capture(store).verify_report()
+    assert problems == [] and len(notes) == 1
+    assert "1 requested (step, layer) entry is not in the store" in notes[0]
+    assert "first: step 3, layer 2" in notes[0] and f"{store}/zarr.json" in notes[0]
+    rc, out, _ = cli(capsys, "inspect", store, "--verify")
+    assert rc == 0 and "note: 1 requested (step, layer) entry" in out
+
+
 # -- 3. resume refuses another run --------------------------------------------------------------
 
 @pytest.mark.parametrize("args, field, stored, new", [

@@ -193,6 +193,26 @@ class CaptureReader:
                                 f"{done[0].shape_q[-1]} (0..{done[0].shape_q[-1]})")
         return r
 
+    def _absent_requested(self) -> list[str]:
+        """A note naming the (step, layer) entries the capture asked for (root attributes
+        ``steps_requested`` x ``layers_requested``) that the store does not hold: a removed entry
+        folder leaves no other trace. A note, not a problem: a run with fewer steps than were
+        asked for leaves the same gap."""
+        steps, layers = self.attrs.get("steps_requested"), self.attrs.get("layers_requested")
+        if not all(isinstance(x, list) and x and all(type(v) is int for v in x)
+                   for x in (steps, layers)):
+            return []  # "every step / layer" (None) or a store without a request: nothing to miss
+        have = {(e.step, e.layer) for e in self.entries()}
+        absent = [(s, b) for s in steps for b in layers if (s, b) not in have]
+        if not absent:
+            return []
+        s0, l0 = absent[0]
+        verb = "entry is" if len(absent) == 1 else "entries are"
+        return [f"{len(absent)} requested (step, layer) {verb} "
+                f"not in the store (steps_requested x layers_requested in {self.path}/zarr.json); "
+                f"first: step {s0}, layer {l0} (entries/s{s0:05d}/): a run with fewer steps, or "
+                "an entry folder removed"]
+
     def _root_attr_problems(self) -> list[str]:
         """The segment layout and RoPE channel count checked against the entries (``verify``)."""
         problems = []
@@ -382,7 +402,7 @@ class CaptureReader:
                 unrecorded.append(e.path)
             for name, meta in arrays.items():
                 problems += _chunk_problems(self, e, name, meta, attrs.get(CHUNK_RECORD))
-        notes = []
+        notes = self._absent_requested()
         if unrecorded:
             notes.append(
                 f"{len(unrecorded)} complete entr{'y' if len(unrecorded) == 1 else 'ies'} predate "
