@@ -210,8 +210,8 @@ class CaptureReader:
         verb = "entry is" if len(absent) == 1 else "entries are"
         return [f"{len(absent)} requested (step, layer) {verb} "
                 f"not in the store (steps_requested x layers_requested in {self.path}/zarr.json); "
-                f"first: step {s0}, layer {l0} (entries/s{s0:05d}/): a run with fewer steps, or "
-                "an entry folder removed"]
+                f"first: step {s0}, layer {l0}: a run with fewer steps, or an entry folder "
+                "removed"]
 
     def _root_attr_problems(self) -> list[str]:
         """The segment layout and RoPE channel count checked against the entries (``verify``)."""
