@@ -232,6 +232,39 @@ def test_table_and_report_run_the_plans_recipe_of_the_entry(tmp_path, capsys):
     assert "B: plan 'hand' at step 7, layer 1: recipe 'fp8'" in md and "`fp8_dense`" in md
 
 
+def test_report_heatmap_of_a_plan_runs_each_layers_planned_recipe(tmp_path, capsys):
+    """A plan's per-layer heatmap in `report` runs the recipe the plan gives each layer (before:
+    the entry's recipe at every layer, so the heatmap showed fp8_dense's error at layers the plan
+    leaves in bf16)."""
+    from workbench.cli import main
+
+    store = ROOT / "captures" / "demo_h3_nano.zarr"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(PLAN))
+    args = ["--step", "7", "--layer", "1", "--queries", "16", "--heads", "0,1", "--formats", "svg",
+            "--a", "fp8_dense_k"]
+    assert main(["report", str(store), *args, "--b", str(path), "--out",
+                 str(tmp_path / "plan")]) == 0
+    assert main(["report", str(store), *args, "--b", "fp8_dense", "--out",
+                 str(tmp_path / "fp8")]) == 0
+    assert main(["report", str(store), *args, "--b", "bf16", "--out", str(tmp_path / "bf16")]) == 0
+    capsys.readouterr()
+    rep = {n: json.loads((tmp_path / n / "report.json").read_text())
+           for n in ("plan", "fp8", "bf16")}
+    grid = {n: np.array(r["layer_head_output_mse"]["b"]) for n, r in rep.items()}
+    assert rep["plan"]["layers"] == [0, 1, 2, 3]
+    np.testing.assert_array_equal(grid["plan"][1], grid["fp8"][1])
+    for la in (0, 2, 3):
+        np.testing.assert_array_equal(grid["plan"][la], grid["bf16"][la])
+        assert (grid["plan"][la] < grid["fp8"][la] / 10).all()  # bf16, not fp8_dense
+    assert rep["plan"]["layer_head_recipes"]["b"] == ["bf16", "fp8_dense", "bf16", "bf16"]
+    md = (tmp_path / "plan" / "report.md").read_text()
+    assert ("B's per-layer heatmap at step 7 runs the plan's recipe of each layer: layer 0 "
+            "`bf16`, layer 1 `fp8_dense`") in md
+    svg = (tmp_path / "plan" / "figures" / "heatmap_output_mse_b.svg").read_text()
+    assert "plan &#39;hand&#39;" in svg or "plan 'hand'" in svg
+
+
 def test_generate_notes_a_plan_from_another_sampling_grid(tmp_path, capsys):
     """A plan records its capture's sampling grid (`workbench plan` reads the store's
     sampling_grid_points); generating with it on another grid notes that its step indices mean

@@ -52,22 +52,29 @@ def browser_path() -> str | None:
 def report_figures(source, recipe_a, recipe_b, *, step, layer, heads=None, n_queries=64):
     """({name: (figure, caption)}, Comparison, layer-head grids) for one entry of `source`.
 
-    The comparison is keyed by the recipes' strings (``AttentionRecipe.to_string``); the grids
-    are the output MSE of A and B per layer and head at `step`.
+    recipe_a / recipe_b: recipes or plans. The comparison runs the recipe each gives at (step,
+    layer) (``entry_recipe``), keyed by its string (``AttentionRecipe.to_string``); the grids are
+    the output MSE of A and B per layer and head at `step`, a plan's with the recipe it plans at
+    each layer (``layer_head_grid``), so a plan's heatmap is the plan, not one of its recipes.
     """
     from workbench.evaluate import evaluate_entry, layer_head_grid
+    from workbench.recipes.plan import RecipePlan
     from workbench.viz.figures import comparison_figures
 
-    a, b = get_recipe(recipe_a), get_recipe(recipe_b)
+    specs = [get_recipe(r) for r in (recipe_a, recipe_b)]
+    a, b = (entry_recipe(r, step, layer)[0] for r in specs)
     ka, kb = a.to_string(), b.to_string()
     if ka == kb:
-        raise ValueError(f"report: recipes A and B are the same ({ka!r}); give two recipes")
+        raise ValueError(f"report: recipes A and B are the same at step {step}, layer {layer} "
+                         f"({ka!r}); give two recipes")
     heads = list(heads) if heads is not None else list(source.heads)
     c = evaluate_entry(source, step, layer, {ka: a, kb: b}, heads=heads, n_queries=n_queries)
     grids = {t: layer_head_grid(source, step, r, heads=heads, n_queries=n_queries,
-                                metrics=("mse",))["mse"] for t, r in (("a", a), ("b", b))}
+                                metrics=("mse",))["mse"] for t, r in zip("ab", specs)}
+    grid_labels = {t: f"plan {r.name!r} (each layer its planned recipe)"
+                   for t, r in zip("ab", specs) if isinstance(r, RecipePlan)}
     figs = comparison_figures(c, ka, kb, grids=grids, layers=source.layers, step=step,
-                              layer=layer)
+                              layer=layer, grid_labels=grid_labels)
     return figs, c, grids
 
 
@@ -151,10 +158,16 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     for flag, note in (("A", note_a), ("B", note_b)):
         if note:
             log(f"{flag}: {note}")
-    figs, comp, grids = report_figures(src, a, b, step=step, layer=layer, heads=heads,
-                                       n_queries=n_queries)
+    figs, comp, grids = report_figures(src, recipe_a, recipe_b, step=step, layer=layer,
+                                       heads=heads, n_queries=n_queries)
     table = table_from_comparison(comp, a.to_string(), b.to_string(),
                                   source=f"capture store `{src.name}`, step {step}, layer {layer}")
+    # the recipe each grid ran per layer (a plan's differ by layer)
+    grid_recipes = {t: [entry_recipe(r, step, la)[0].label() for la in src.layers]
+                    for t, r in (("a", recipe_a), ("b", recipe_b))}
+    plan_lines = [f"{t.upper()}'s per-layer heatmap at step {step} runs the plan's recipe of each "
+                  "layer: " + ", ".join(f"layer {la} `{n}`" for la, n in zip(src.layers, names))
+                  + "." for t, names in grid_recipes.items() if len(set(names)) > 1]
     fig_dir = out / "figures"
     written = write_figures(figs, fig_dir, formats=formats, html_inline=html_inline)
     store_rel = Path(os.path.relpath(Path(src.path).resolve(), out.resolve())).as_posix()
@@ -169,6 +182,7 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
                                                                         ("B", note_b)) if note),
         "",
         table.to_markdown(),
+        *[x for line in plan_lines for x in (line, "")],
         "### Figures",
         "",
     ]
@@ -180,6 +194,7 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
         "table": json.loads(table.to_json()),
         "readout": comp.readout(),
         "layer_head_output_mse": {t: g.tolist() for t, g in grids.items()},
+        "layer_head_recipes": grid_recipes,
         "layers": src.layers,
         "figures": {n: {f: p.relative_to(out).as_posix() for f, p in w.items()}
                     for n, w in written.items()},

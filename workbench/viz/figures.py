@@ -400,14 +400,16 @@ def comparison_figures(
     layers: Sequence[int] | None = None,
     step=None,
     layer=None,
+    grid_labels: Mapping[str, str] | None = None,
 ) -> dict[str, tuple[go.Figure, str]]:
     """Every figure of recipe A against recipe B on one entry: {name: (figure, caption)}.
 
     comparison: a ``workbench.evaluate.Comparison`` holding evaluations keyed `a` and `b`.
     labels: display name per key (default: the key). grids: {"a" | "b": [n_layers, n_heads]
     output MSE} over `layers` (``workbench.evaluate.layer_head_grid``) for the per-head heatmaps
-    (both on one colour scale) and, when both are given, the benefit heatmap. The report writes
-    all of them; the explorer shows the ones it has room for.
+    (both on one colour scale) and, when both are given, the benefit heatmap. grid_labels:
+    {"a" | "b": name} for a grid that is not the entry's recipe at every layer (a plan's). The
+    report writes all of them; the explorer shows the ones it has room for.
     """
     from workbench.evaluate import TABLE_ROWS
     from workbench.metrics import BOUNDARY_LABELS, benefit_pct
@@ -435,7 +437,8 @@ def comparison_figures(
     heads = comparison.heads
     rng = shared_range(*grids.values())
     at_step = f", step {step}" if step is not None else ""
-    for t, name in (("a", na), ("b", nb)):
+    grid_names = {"a": na, "b": nb} | dict(grid_labels or {})
+    for t, name in grid_names.items():
         if t in grids:
             figs[f"heatmap_output_mse_{t}"] = (per_head_heatmap(
                 grids[t], layers=layers, heads=heads, recipe=name,
@@ -445,8 +448,10 @@ def comparison_figures(
         ben = np.vectorize(benefit_pct)(grids["a"], grids["b"])
         figs["heatmap_benefit"] = (per_head_heatmap(
             ben, layers=layers, heads=heads, metric="benefit %", log_color=False,
-            recipe=f"{nb} over {na}", boundary=f"attention output{at_step}"),
-            f"output-MSE benefit of {nb} over {na} per layer and head (%)")
+            recipe=f"{grid_names['b']} over {grid_names['a']}",
+            boundary=f"attention output{at_step}"),
+            f"output-MSE benefit of {grid_names['b']} over {grid_names['a']} per layer and head "
+            "(%)")
     for name, e in ((nb, eb), (na, ea)):
         if e.block_map is not None:
             lay = comparison.layout
