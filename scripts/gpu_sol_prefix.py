@@ -14,9 +14,7 @@ input at the live shape (or the sparse bench's small layout at ``--seq-len``).
         [--recipes fp8_sol_kv_corrected fp8_sol_kv_corrected:row_sum=p_operand] [--out DIR]
 
 ``--recipes``: the base recipes whose three prefix forms are timed (default the preset); the
-all-in-the-list-kernel form is timed for the first only. ``--routing-streams main side_high``:
-the three forms also with each other value of ``RoutingConfig.routing_stream`` than the
-default's (rows tagged ``[routing_stream=...]``).
+all-in-the-list-kernel form is timed for the first only.
 """
 
 from __future__ import annotations
@@ -53,15 +51,8 @@ def main(argv=None) -> int:
                    help="the sparse bench's small synthetic layout at this length (default: H3)")
     p.add_argument("--recipes", nargs="+", default=["fp8_sol_kv_corrected"],
                    help="base Sol recipes (each with dense_prefix=true, as the preset)")
-    p.add_argument("--routing-streams", nargs="+", default=[DEFAULT.routing.routing_stream],
-                   help="RoutingConfig.routing_stream values to time the prefix forms with")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    for rs in args.routing_streams:
-        try:
-            DEFAULT.with_routing(routing_stream=rs)
-        except ValueError as exc:
-            p.error(f"--routing-streams: {exc}")
     for name in args.recipes:
         r = get_recipe(name)
         if r.sparsity != "sol" or not r.dense_prefix:
@@ -91,14 +82,6 @@ def main(argv=None) -> int:
                 base.with_(dense_prefix=False, prefix_blocks_exact=True)
         calls = {label: (lambda r=r: run_attention(q, k, v, r, layout=layout, backend="kernel"))
                  for label, r in fns.items()}
-        for rs in args.routing_streams:
-            if rs == DEFAULT.routing.routing_stream:
-                continue
-            cfg = DEFAULT.with_routing(routing_stream=rs)
-            for label, r in fns.items():
-                calls[f"{label} [routing_stream={rs}]"] = (
-                    lambda r=r, cfg=cfg: dispatch.fp8_recipe_attention(q, k, v, r, layout=layout,
-                                                                       config=cfg))
         # the same rows all in the list kernel (SparseConfig.dense_rows_kernel=False), first
         # recipe only
         lists_only = replace(DEFAULT, sparse=replace(DEFAULT.sparse, dense_rows_kernel=False))

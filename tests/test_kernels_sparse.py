@@ -306,8 +306,6 @@ def test_sparse_config_rules_and_refusals():
             SparseConfig(**bad)
     cfg = DEFAULT.from_overrides({"sparse": {"kv_splits": 4}})
     assert cfg.sparse.kv_splits == 4 and cfg.attention == DEFAULT.attention
-    with pytest.raises(ValueError, match=r"RoutingConfig.routing_stream: 'high' is not one of"):
-        DEFAULT.with_routing(routing_stream="high")
     with pytest.raises(ValueError, match="section"):
         DEFAULT.from_overrides({"sparsity": {}})
 
@@ -689,60 +687,3 @@ def test_gpu_prefix_rows_on_a_side_stream_give_the_same_bits():
             b = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout)
             assert torch.equal(a, b), name
         assert a.isfinite().all()
-
-
-@pytest.mark.gpu
-@hopper
-def test_gpu_routing_beside_the_quantizer_gives_the_same_bits():
-    """The routing on a side stream beside the quantizer (``RoutingConfig.routing_stream``, at
-    normal and at the highest priority) gives the one-stream call's bits for Sol (BF16 prefix
-    rows on their own side stream, prefix blocks exact, routed, the torch front, the diagonal
-    threshold), VSA and with the LSE, three calls in a row with allocations between them (the
-    side stream's tensors are recorded on the main stream, so their memory is not reused early)."""
-    q, k, v, layout = synthetic(16384, 8, 4, 128, seed=5, prefix=(14, 356), device="cuda")
-    names = ["fp8_sol_kv_corrected", PREFIX_EXACT, "fp8_sol_kv_corrected:dense_prefix=false",
-             "fp8_sol_k:sol_threshold=diag,sol_tau=0.5,p_scaling=exp2_offset8",
-             "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2"]
-    for name in names:
-        for lse in (False, True):
-            for rt in (DEFAULT.routing, replace(DEFAULT.routing, sol_front="torch")):
-                serial = replace(DEFAULT, routing=replace(rt, routing_stream="main"))
-                a = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=serial,
-                                                  return_lse=lse)
-                for where in ("side", "side_high"):
-                    cfg = replace(DEFAULT, routing=replace(rt, routing_stream=where))
-                    for _ in range(3):
-                        b = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout,
-                                                          config=cfg, return_lse=lse)
-                        torch.empty(64 << 20, dtype=torch.uint8, device="cuda").fill_(7)
-                        what = (name, lse, where, rt.sol_front)
-                        if lse:
-                            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), what
-                        else:
-                            assert torch.equal(a, b), what
-
-
-@pytest.mark.gpu
-@hopper
-def test_gpu_routing_beside_the_quantizer_replays_from_a_cuda_graph():
-    """The two-stream routing captures into a CUDA graph (its fork and joins become the graph's
-    edges) and the replay gives the one-stream eager call's bits, Sol and VSA."""
-    q, k, v, layout = synthetic(4111, 4, 2, 128, seed=4, prefix=(14, 100), device="cuda")
-    side = DEFAULT.with_routing(routing_stream="side_high")
-    for name in ("fp8_sol_kv_corrected", PREFIX_EXACT,
-                 "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3"):
-        ref = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout,
-                                            config=DEFAULT.with_routing(routing_stream="main"))
-        warm = torch.cuda.Stream()
-        warm.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(warm):
-            for _ in range(2):
-                dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=side)
-        torch.cuda.current_stream().wait_stream(warm)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = dispatch.fp8_recipe_attention(q, k, v, name, layout=layout, config=side)
-        out.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, ref), name

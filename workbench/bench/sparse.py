@@ -251,9 +251,6 @@ def sweep_configs(base) -> list[tuple[str, object]]:
         ("block sums 2 warps", base.with_routing(block_warps=2)),
         ("block sums 4 rows", base.with_routing(block_rows=4)),
         ("Sol routing front in torch ops", base.with_routing(sol_front="torch")),
-        ("routing beside the quantizer", base.with_routing(routing_stream="side")),
-        ("routing beside the quantizer, high priority",
-         base.with_routing(routing_stream="side_high")),
         ("prefix rows after the FP8 passes", base.with_attention(prefix_stream=False)),
     ]
 

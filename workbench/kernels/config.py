@@ -258,9 +258,6 @@ class SparseConfig:
         return 2 if waves >= self.split_below_waves / 4 else 4
 
 
-ROUTING_STREAMS = ("main", "side", "side_high")
-
-
 @dataclass(frozen=True)
 class RoutingConfig:
     """Launch shapes of the routing passes (``routing.block_sums`` and the list pass of
@@ -290,13 +287,6 @@ class RoutingConfig:
     front_parts / front_rows: that launch's programs per K/V head (each a share of the block
     rows) and rows per step (H200, H3 shape: 0.122 / 0.098 / 0.093 / 0.116 / 0.231 ms at 1 / 2 /
     4 / 8 / 16 parts of 32 rows, the same bits).
-    routing_stream: where a sparse call on CUDA routes (Sol's front, the block-mean scores and the
-    list pass; VSA's statistics, scores and lists). "main": on the call's stream, between the
-    block sums and the quantizer. "side": on a side stream beside the quantizer (Q's pass beside
-    the front, which K's and V's passes wait for; the scores and lists beside those): the
-    routing's small, latency-bound launches under the quantizer's memory-bound ones.
-    "side_high": that stream at the highest priority, so that its few programs are dispatched
-    ahead of the quantizer's pending ones. The same kernels and bits in every form.
     """
 
     block_rows: int = 2
@@ -307,12 +297,8 @@ class RoutingConfig:
     sol_front: str = "triton"
     front_parts: int = 4
     front_rows: int = 32
-    routing_stream: str = "main"
 
     def __post_init__(self) -> None:
-        if self.routing_stream not in ROUTING_STREAMS:
-            raise ValueError(f"RoutingConfig.routing_stream: {self.routing_stream!r} is not one "
-                             f"of {ROUTING_STREAMS}")
         for name in ("block_rows", "block_warps", "group_heads", "list_rows", "front_rows"):
             n = getattr(self, name)
             if n < 1 or n & (n - 1):

@@ -34,7 +34,7 @@ from . import routing, streams
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
 from .config import DEFAULT, KernelConfig, RoutingConfig
 from .kv_stats import kv_stats
-from .quantize import bf16_operands, quantize_qkv, quantize_tokens
+from .quantize import bf16_operands, quantize_qkv
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 
@@ -150,68 +150,24 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
     """Statistics or routing, the quantizer and the FP8 attention of rows >= prefix:
     (out [B, S, H, D] with rows < prefix unwritten, lse or None)."""
     route = None
-    if (recipe.sparsity != "dense" and not is_bf16_sparse(recipe) and q.is_cuda
-            and config.routing.routing_stream != "main"):
-        qkv, route = _routing_beside_quantizer(q, k, v, recipe, layout, scale, config)
+    if recipe.sparsity == "dense":
+        st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
+                      config=config.stats)
+        mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
     else:
-        if recipe.sparsity == "dense":
-            st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
-                          config=config.stats)
-            mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
-        else:
-            mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale,
-                                                       config.routing)
-        if is_bf16_sparse(recipe):
-            qkv = bf16_operands(q, k, v)
-        else:
-            qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
-                               smooth_v=recipe.smooth_v,
-                               v_bias_correction=recipe.v_bias_correction, config=config.quant)
+        mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale,
+                                                   config.routing)
+    if is_bf16_sparse(recipe):
+        qkv = bf16_operands(q, k, v)
+    else:
+        qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
+                           smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
+                           config=config.quant)
     out = torch.empty_like(q)
     return fp8_attention_fwd(qkv, num_heads=q.shape[2], scale=scale, out=out, row_start=prefix,
                              return_lse=return_lse, p_scaling=recipe.p_scaling,
                              row_sum=recipe.row_sum, config=config.attention, routing=route,
                              sparse=config.sparse)
-
-
-def _routing_beside_quantizer(q, k, v, recipe: AttentionRecipe, layout, scale: float,
-                              config: KernelConfig):
-    """(QuantizedQKV, BlockRouting) of an FP8 sparse call on CUDA, routing on a side stream
-    (``RoutingConfig.routing_stream``): main = block sums, Q's pass, [waits for the
-    statistics] K's and V's passes, [waits for the lists]; side = the statistics (Sol's front,
-    or VSA's ``kv_moments``), then the scores and the list pass. The same launches and values
-    as ``sparse_routing`` then ``quantize_qkv`` on one stream."""
-    main = torch.cuda.current_stream(q.device)
-    sums = sparse_block_sums(q, k, v, config.routing)
-    side = streams.routing_stream(streams.device_index(q),
-                                  config.routing.routing_stream == "side_high")
-    side.wait_stream(main)
-    stats_done = torch.cuda.Event()
-    with torch.cuda.stream(side):
-        if recipe.sparsity == "sol" and config.routing.sol_front == "triton":
-            front = routing.sol_front_fused(sums, recipe, scale=scale, config=config.routing)
-            stats_done.record(side)
-            route = routing.sol_routing_from_front(front, sums, recipe, layout=layout,
-                                                   scale=scale, config=config.routing)
-            mu_k, mu_v, v_amax = front[:3]
-        else:
-            mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k,
-                                                 smooth_v=recipe.smooth_v)
-            stats_done.record(side)
-            route = route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k, mu_v,
-                                    config.routing)
-    # made on the side stream, read on this one: the allocator must not hand their memory to
-    # the side stream's next allocations before this stream is done with them
-    for t in (mu_k, mu_v, v_amax, *(getattr(route, f.name) for f in dataclasses.fields(route))):
-        if isinstance(t, torch.Tensor):
-            t.record_stream(main)
-    q_codes = quantize_tokens(q, config=config.quant)  # beside the statistics
-    main.wait_event(stats_done)
-    qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
-                       smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
-                       config=config.quant, q_codes=q_codes)
-    main.wait_stream(side)
-    return qkv, route
 
 
 def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,

@@ -266,12 +266,9 @@ def _v_corr_kernel(
 
 
 def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
-                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant,
-                 q_codes: tuple | None = None) -> QuantizedQKV:
-    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``.
-    q_codes: ``quantize_tokens(q)``'s (codes, scales) when already taken (Q needs no statistics,
-    so a caller may quantize it while they are computed)."""
-    q8, q_scale = q_codes if q_codes is not None else quantize_tokens(q, config=config)
+                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant) -> QuantizedQKV:
+    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``."""
+    q8, q_scale = quantize_tokens(q, config=config)
     k8, k_scale = quantize_tokens(k, mu_k if smooth_k else None, config=config)
     v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax, config=config)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)

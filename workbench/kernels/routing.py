@@ -661,33 +661,15 @@ def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
     """``sol_routing`` from block sums taken with ``minmax=True``, its front in one launch
     (``sol_front``; ``RoutingConfig.sol_front="triton"``): (mu_k, mu_v, v_amax [B, Hkv, D],
     BlockRouting). The scores and lists as in ``sol_routing``."""
-    front = sol_front_fused(sums, recipe, scale=scale, config=config)
-    return (*front[:3], sol_routing_from_front(front, sums, recipe, layout=layout, scale=scale,
-                                               config=config))
-
-
-def sol_front_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
-                    scale: float | None = None, config: RoutingConfig = DEFAULT.routing):
-    """The first launch of ``sol_routing_fused``: ``sol_front``'s (mu_k, mu_v, v_amax, kc, vc,
-    qbar, theta); the quantizer needs only the first three."""
     recipe = _recipe_for(recipe, "sol")
     if sums.block != recipe.sol_block:
         raise ValueError(f"sums: block {sums.block} does not match the recipe's sol_block "
                          f"{recipe.sol_block}")
+    layout = _layout_for(layout, sums.seq_len)
     D = sums.qsum.shape[-1]
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    return sol_front(sums, recipe, scale, rows=config.front_rows, parts=config.front_parts)
-
-
-def sol_routing_from_front(front: tuple, sums: BlockSums, recipe: AttentionRecipe | str, *,
-                           layout: SegmentLayout | None = None, scale: float | None = None,
-                           config: RoutingConfig = DEFAULT.routing) -> BlockRouting:
-    """The rest of ``sol_routing_fused`` given ``sol_front_fused``'s output: the block-mean
-    scores (FP32 cuBLAS) and the list pass."""
-    recipe = _recipe_for(recipe, "sol")
-    layout = _layout_for(layout, sums.seq_len)
-    _, _, _, kc, vc, qbar, theta = front
-    scale = scale if scale is not None else 1.0 / math.sqrt(sums.qsum.shape[-1])
+    mu_k, mu_v, v_amax, kc, vc, qbar, theta = sol_front(
+        sums, recipe, scale, rows=config.front_rows, parts=config.front_parts)
     group = qbar.shape[1] // kc.shape[1]
     scores = (qbar @ _expand(kc, group).transpose(-1, -2)) * (scale * LOG2E)  # as sol_scores
     dense_rows = prefix_query_blocks(recipe, layout.prefix_len, recipe.sol_block,
@@ -696,7 +678,8 @@ def sol_routing_from_front(front: tuple, sums: BlockSums, recipe: AttentionRecip
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
                                       tau=recipe.sol_tau if theta is None else None,
                                       exact_rows=dense_rows, config=config)
-    return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc, dense_rows)
+    return mu_k, mu_v, v_amax, BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens,
+                                            kc, vc, dense_rows)
 
 
 def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -18,11 +18,3 @@ def side_stream(device_index: int) -> torch.cuda.Stream:
 def device_index(t: torch.Tensor) -> int:
     """The CUDA device index of a tensor (the current device for an index-less one)."""
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
-
-
-@functools.lru_cache(maxsize=None)
-def routing_stream(device_index: int, high_priority: bool) -> torch.cuda.Stream:
-    """The stream a sparse call routes on beside its quantizer (``RoutingConfig.routing_stream``),
-    apart from ``side_stream`` (where the BF16 prefix rows may be running); high_priority: the
-    device's highest stream priority (torch maps -100 to it)."""
-    return torch.cuda.Stream(device=device_index, priority=-100 if high_priority else 0)
