@@ -307,3 +307,105 @@ def test_generate_refuses_a_store_as_out_and_a_plain_zarr_json_is_no_store(store
     rc, _, err = cli(capsys, "generate", "--model", "h3-tiny", "--steps", "2", "--quiet",
                      "--out", proj / "clip")
     assert rc == 0, err
+
+
+# -- 6. findings of a review (2026-12-03): each reproduced first, on the tree before its fix ------
+
+def test_a_failed_command_leaves_no_mark_that_vouches_for_a_users_files(store, tmp_path, capsys):
+    """A command that fails before writing anything leaves no writing mark; a mark vouches only
+    for its own command and for files written after it. Before: `compare A B --out U` failing
+    on its inputs left U/.workbench-writing, and `report --overwrite` then replaced the user's
+    U/report.md (and `demo` a user's report folder, without --overwrite)."""
+    import time
+
+    from workbench.cli_args import WRITING_MARK, writing_mark
+
+    u = tmp_path / "U"
+    u.mkdir()
+    (u / "report.md").write_text("my notes\n")
+    (tmp_path / "A").mkdir()
+    (tmp_path / "B").mkdir()
+    time.sleep(0.3)
+    rc, _, err = cli(capsys, "compare", tmp_path / "A", tmp_path / "B", "--out", u)
+    assert rc == 2 and not (u / WRITING_MARK).exists()
+    args = ["report", store, *FAST, "--formats", "html", "--out", u, "--overwrite"]
+    rc, _, err = cli(capsys, *args)
+    refused(rc, err, "report", "--out", u, "report.json is missing")
+    assert (u / "report.md").read_text() == "my notes\n"
+    # a mark another command left while writing (its own file) does not vouch for report.md
+    with pytest.raises(KeyboardInterrupt):
+        with writing_mark(u, "compare"):
+            (u / "table.md").write_text("half a table\n")
+            raise KeyboardInterrupt
+    assert (u / WRITING_MARK).is_file()
+    refused(*cli(capsys, *args)[::2], "report", "--out", u, "report.json is missing")
+    # a report's own mark, but report.md older than it: the user's, still refused
+    (u / WRITING_MARK).unlink()
+    with pytest.raises(KeyboardInterrupt):
+        with writing_mark(u, "report"):
+            (u / "figures").mkdir()
+            (u / "figures" / "a.html").write_text("half\n")
+            raise KeyboardInterrupt
+    refused(*cli(capsys, *args)[::2], "report", "--out", u, "report.json is missing")
+    assert (u / "report.md").read_text() == "my notes\n"
+    # demo: a user's report folder next to a stale mark of another command is not the demo's
+    d = tmp_path / "D"
+    (d / "report").mkdir(parents=True)
+    (d / "report" / "report.md").write_text("my draft\n")
+    time.sleep(0.3)
+    with pytest.raises(KeyboardInterrupt):
+        with writing_mark(d / "report", "compare"):
+            (d / "report" / "x.md").write_text("x\n")
+            raise KeyboardInterrupt
+    refused(*cli(capsys, "demo", "--out", d, "--quick")[::2], "demo",
+            "was not written by an earlier `workbench demo`")
+    assert (d / "report" / "report.md").read_text() == "my draft\n"
+
+
+def test_demo_overwrite_refuses_a_store_as_its_report_folder(store, tmp_path, capsys):
+    """`demo --out D --overwrite` with a capture store at D/report: refused naming the store
+    (before: report.md, report.json and figures/ were written into the store)."""
+    d = tmp_path / "D"
+    d.mkdir()
+    shutil.copytree(store, d / "report")
+    before = digest(d / "report")
+    rc, _, err = cli(capsys, "demo", "--out", d, "--quick", "--overwrite")
+    refused(rc, err, "demo", d / "report", "inside the zarr store")
+    assert digest(d / "report") == before
+
+
+def test_table_json_through_a_link_into_a_store_is_refused(store, tmp_path, capsys):
+    """A --json path that is a symbolic link to a file inside a store: refused (before: the
+    table was written into the store, which `capture --overwrite` then refused as foreign)."""
+    before = digest(store)
+    link = tmp_path / "t.json"
+    link.symlink_to(store / "table.json")
+    rc, _, err = cli(capsys, "table", "--synthetic", "small", "--queries", "8", "--json", link)
+    refused(rc, err, "table", "--json", link, "inside the zarr store")
+    assert digest(store) == before and not (store / "table.json").exists()
+
+
+def test_table_md_keeps_a_users_notes_under_the_tables_heading(tmp_path, capsys):
+    """A user's markdown that starts with the table's heading is not an earlier table: refused
+    (before: replaced, losing the text below the heading); an earlier table is still replaced."""
+    from workbench.report.accuracy_table import TABLE_HEADING
+
+    draft = tmp_path / "draft.md"
+    draft.write_text(f"{TABLE_HEADING}\n\nMy PR draft, to be kept.\n")
+    rc, _, err = cli(capsys, "table", "--synthetic", "small", "--queries", "8", "--md", draft)
+    refused(rc, err, "table", "--md", draft, "not an earlier markdown table")
+    assert "My PR draft" in draft.read_text()
+    md = tmp_path / "t.md"
+    for _ in range(2):  # a table, then the same table again: its own file, replaced
+        assert cli(capsys, "table", "--synthetic", "small", "--queries", "8", "--md", md)[0] == 0
+    assert md.read_text().startswith(TABLE_HEADING)
+
+
+def test_generate_refuses_an_out_nested_with_its_capture(tmp_path, capsys):
+    """--out and --capture the same folder or one inside the other: refused naming both, nothing
+    written (before: the clip's files landed inside the new capture store)."""
+    for out, cap in (("G1", "G1"), ("G2/clip", "G2"), ("G3", "G3/cap.zarr")):
+        rc, _, err = cli(capsys, "generate", "--model", "h3-tiny", "--steps", "2", "--quiet",
+                         "--out", tmp_path / out, "--capture", tmp_path / cap)
+        refused(rc, err, "generate", "--capture", tmp_path / cap, "--out", "nested")
+        assert not (tmp_path / cap).exists() or not any((tmp_path / cap).iterdir())

@@ -310,3 +310,19 @@ def test_scan_and_plan_of_dot(small_capture, monkeypatch, capsys):
     monkeypatch.chdir(out)
     assert main(["plan", "."]) == 0
     assert (small_capture.parent / "cap.scan.plan.json").is_file()
+
+
+def test_another_tools_zarr_group_is_never_replaced(tmp_path, capsys):
+    """A readable zarr group without the scan marker (another tool's) is refused as --out even
+    with --overwrite, naming its zarr.json; nothing in it changes (before: called damaged and
+    deleted by --overwrite)."""
+    import zarr
+
+    other = tmp_path / "other.zarr"
+    zarr.open_group(str(other), mode="w", attributes={"owner": "x"})
+    before = (other / "zarr.json").read_bytes()
+    for extra in ([], ["--overwrite"]):
+        err = _cli_error(["scan", str(STORE), *CLI_SMALL, "--out", str(other), *extra], capsys)
+        assert str(other) in err and "a zarr group of another kind" in err, err
+        assert "damaged" not in err
+    assert (other / "zarr.json").read_bytes() == before

@@ -171,37 +171,118 @@ def _holds(path: Path) -> bool:
 # Left in an output folder while a command writes into it, removed when it finishes: a run
 # interrupted midway (Ctrl-C, a failed figure export) leaves it, and with it the folder's partial
 # files count as the command's own for --overwrite and a re-run of `make demo`, although the
-# result's record (report.json, config.json, ...) is written last and is missing.
+# result's record (report.json, config.json, ...) is written last and is missing. It vouches only
+# for the command it names and only for files written after it was made (a run that failed
+# before writing anything removes it), so a user's older files beside it stay protected.
 WRITING_MARK = ".workbench-writing"
+# a file's time may lag time.time() by the kernel's coarse clock tick (a few ms)
+_MARK_SLACK_S = 0.1
+
+
+def _read_mark(folder: Path) -> dict | None:
+    try:
+        data = json.loads((folder / WRITING_MARK).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _files_under(path: Path, limit: int = 10000):
+    """The files at or under `path` (a file, or a folder walked without following links)."""
+    if path.is_file() or path.is_symlink():
+        yield path
+        return
+    n = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            n += 1
+            if n > limit:
+                return
+            yield Path(root) / f
+
+
+def _wrote_since(path: Path, t0: float) -> bool:
+    """Whether some file under `path` (other than the mark) was modified at or after t0."""
+    for f in _files_under(path):
+        if f.name == WRITING_MARK:
+            continue
+        try:
+            if f.lstat().st_mtime >= t0 - _MARK_SLACK_S:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _all_written_since(path: Path, t0: float) -> bool:
+    """Whether every file under `path` was modified at or after t0 (a file the marked run wrote),
+    none before it (a user's file, or an older result's)."""
+    for f in _files_under(path):
+        try:
+            if f.lstat().st_mtime < t0 - _MARK_SLACK_S:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 @contextlib.contextmanager
 def writing_mark(out, command: str):
     """Mark the folder `out` (made if absent) as being written by `command` until the block
-    ends without an exception (``WRITING_MARK``)."""
+    ends without an exception (``WRITING_MARK``). A block that raises before writing any file
+    removes the mark too (it would vouch for nothing). A mark of the same command left by an
+    earlier interrupted run keeps that run's start time (its partial files stay its own)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     mark = out / WRITING_MARK
+    old = _read_mark(out)
+    started = t_run = time.time()
+    if old is not None and old.get("command") == command and \
+            isinstance(old.get("started_unix"), (int, float)):
+        started = min(started, float(old["started_unix"]))
     mark.write_text(json.dumps({"command": command, "pid": os.getpid(),
-                                "started_unix": time.time()}))
-    yield
+                                "started_unix": started}))
+    try:
+        yield
+    except BaseException:
+        if not _wrote_since(out, t_run):  # this run wrote nothing: its mark vouches for nothing
+            if old is None:
+                mark.unlink(missing_ok=True)
+            else:
+                mark.write_text(json.dumps(old))
+        raise
     mark.unlink(missing_ok=True)
 
 
-def interrupted_here(path) -> bool:
-    """Whether a workbench command was interrupted while writing into the folder `path`."""
-    return (Path(path) / WRITING_MARK).is_file()
+def interrupted_here(path, commands=None, names=None) -> bool:
+    """Whether a workbench command (one of `commands`, default any) was interrupted while
+    writing into the folder `path`, and every file of `names` there (default: all the folder's
+    files) was written by that run (after its mark was made)."""
+    p = Path(path)
+    mark = _read_mark(p)
+    if mark is None:
+        return False
+    if commands is not None and mark.get("command") not in commands:
+        return False
+    t0 = mark.get("started_unix")
+    if not isinstance(t0, (int, float)):
+        return False
+    targets = [p / n for n in names] if names is not None else [p]
+    return all(_all_written_since(t, float(t0)) for t in targets if t.exists())
 
 
 def check_no_clobber(path, names, *, flag: str = "--out", overwrite: bool = False,
-                     marker: tuple[str, tuple[str, ...]] | None = None) -> None:
+                     marker: tuple[str, tuple[str, ...]] | None = None,
+                     command: str | None = None) -> None:
     """Refuse to write `names` into the folder `path` when it already holds one of them (an
     earlier result), naming the file, unless `overwrite` (then those files are replaced and
     nothing else in the folder is touched). names=None: the folder must be absent or empty.
 
     marker (file, keys): with `overwrite`, the folder must also hold that file with those JSON
     keys (the earlier result's own record), so that --overwrite never replaces a user's files
-    that merely share a name (a config.json, a report.md) with the command's."""
+    that merely share a name (a config.json, a report.md) with the command's; or the folder holds
+    the writing mark of an interrupted run of `command` that wrote those files itself
+    (``interrupted_here``)."""
     p = Path(path)
     if not p.is_dir():
         return
@@ -218,7 +299,8 @@ def check_no_clobber(path, names, *, flag: str = "--out", overwrite: bool = Fals
         raise ValueError(f"{flag} {p}: already holds {held[0]}; choose a new folder, or pass "
                          "--overwrite to replace an earlier result there")
     if marker is not None and not json_has_keys(p / marker[0], marker[1]) and \
-            not interrupted_here(p):
+            not interrupted_here(p, None if command is None else (command,),
+                                 None if names is None else held):
         what = "is not" if (p / marker[0]).exists() else "is missing, so the folder is not"
         raise ValueError(f"{flag} {p}: --overwrite replaces only an earlier result of this "
                          f"command, and {p / marker[0]} {what} one (the folder holds {held[0]}); "

@@ -92,7 +92,8 @@ def check_outside_stores(path: str | os.PathLike, flag: str = "", *,
     both: what is written there would change that store. above_only: only a folder above
     ``path`` counts (an output file, or a store writer whose own path may be the store it
     replaces)."""
-    probe = Path(os.path.abspath(path)).parent if above_only else path
+    # realpath: an output file that is a symbolic link is written where the link points
+    probe = Path(os.path.realpath(path)).parent if above_only else path
     outer = enclosing_store(probe)
     if outer is not None:
         where = f"{flag} {path}" if flag else str(path)

@@ -205,10 +205,16 @@ def check_out_path(out: Path, capture: Path, overwrite: bool = False) -> None:
                             f"{' and '.join(map(str, left))} beside it: rename the scan you "
                             f"want to keep to {out.name}, or remove them")
     if out.exists() and not is_scan_store(out):
-        # a scan store whose root metadata is damaged (its own names only) may be replaced
-        damaged = (out / "zarr.json").is_file() and not foreign_names(out)
+        # a scan store whose root metadata is damaged (unreadable as a JSON object; its own
+        # names only) may be replaced; a readable zarr.json without the scan marker is another
+        # tool's zarr group, never replaced
+        meta = out / "zarr.json"
+        damaged = meta.is_file() and _unreadable_json_object(meta) and not foreign_names(out)
+        other = meta.is_file() and not _unreadable_json_object(meta)
         if not (overwrite and damaged):
             raise ScanError(f"--out: {out} exists and is not a scan store"
+                            + (f" (a zarr group of another kind: {meta} has no "
+                               f"{SCAN_MARKER!r} attribute)" if other else "")
                             + ("" if not damaged else " (its zarr.json is damaged: pass "
                                "--overwrite to replace it)") + "; choose another path")
     if overwrite and out.exists():
@@ -217,6 +223,14 @@ def check_out_path(out: Path, capture: Path, overwrite: bool = False) -> None:
             raise ScanError(f"--out: {out} also holds files that are not part of the scan store "
                             f"({', '.join(foreign)}); --overwrite would delete them: move them "
                             "out first")
+
+
+def _unreadable_json_object(path: Path) -> bool:
+    """Whether ``path`` cannot be read as a JSON object (cut short, not UTF-8, not JSON)."""
+    try:
+        return not isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    except (OSError, ValueError):
+        return True
 
 
 def remove_scan(path: Path) -> None:

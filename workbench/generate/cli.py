@@ -84,11 +84,17 @@ def cmd_generate(args) -> int:
     _check_common(args)
     check_out_dir(args.out)
     check_outside_stores(args.out, "--out")
-    check_no_clobber(args.out, CLIP_FILES, overwrite=args.overwrite, marker=CLIP_MARKER)
+    check_no_clobber(args.out, CLIP_FILES, overwrite=args.overwrite, marker=CLIP_MARKER,
+                     command="generate")
     layers = parse_int_list(args.layers, "--layers")
     capture_steps = parse_int_list(args.capture_steps, "--capture-steps")
     if args.capture is not None:
         cap = Path(args.capture)
+        o, c = Path(args.out).resolve(), cap.resolve()
+        if o == c or c in o.parents or o in c.parents:
+            raise ValueError(f"--capture {cap}: the same folder as --out {args.out} or nested "
+                             "with it; the clip's files would land in the store (or the store "
+                             "in the clip folder): give two separate paths")
         if cap.exists() and (not cap.is_dir() or any(cap.iterdir())):
             raise ValueError(f"--capture {cap}: already exists; generate writes a new capture "
                              f"store (workbench capture --resume continues one): choose a new path")
@@ -128,7 +134,8 @@ def cmd_compare(args) -> int:
             raise ValueError("--recipes: empty; give recipes like bf16,fp8_sol_kv_corrected")
         out = check_out_dir(args.out or "runs/compare")
         check_outside_stores(out, "--out")
-        check_no_clobber(out, None, overwrite=args.overwrite, marker=COMPARE_RECIPES_MARKER)
+        check_no_clobber(out, None, overwrite=args.overwrite, marker=COMPARE_RECIPES_MARKER,
+                         command="compare")
         h3 = _load(args)
         t0 = time.perf_counter()
         with writing_mark(out, "compare"):
@@ -152,7 +159,8 @@ def cmd_compare(args) -> int:
     out = args.out or str(Path(b).parent / f"compare_{Path(a).name}_{Path(b).name}")
     check_out_dir(out)
     check_outside_stores(out, "--out")
-    check_no_clobber(out, COMPARE_FILES, overwrite=args.overwrite, marker=COMPARE_MARKER)
+    check_no_clobber(out, COMPARE_FILES, overwrite=args.overwrite, marker=COMPARE_MARKER,
+                     command="compare")
     with writing_mark(out, "compare"):
         m = compare_dirs(a, b, out)
     from workbench.metrics.media import media_table

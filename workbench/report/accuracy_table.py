@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from workbench.attention import SegmentLayout, select_heads
-from workbench.cli_args import json_has_keys
+from workbench.cli_args import MAX_RESULT_JSON, json_has_keys
 from workbench.evaluate import TABLE_ROWS, Comparison, evaluate
 from workbench.metrics import (
     BOUNDARY_LABELS,
@@ -236,13 +236,24 @@ def accuracy_table(
     return table
 
 
+# the lines ``AccuracyTable.to_markdown`` writes after its heading (besides blank ones)
+_TABLE_LINE_STARTS = ("|", "Input: ", "- A = `", "- B = `")
+
+
 def is_table_markdown(path) -> bool:
-    """Whether ``path`` is an earlier markdown table (its first line is the table's heading)."""
+    """Whether ``path`` is an earlier markdown table: the table's heading, then only the lines
+    ``to_markdown`` writes (its input line, the recipe lines, table rows; the boundary table
+    among them). A user's notes under the same heading are not a table, and are not replaced."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.readline().rstrip("\n") == TABLE_HEADING
+        p = Path(path)
+        if p.stat().st_size > MAX_RESULT_JSON:
+            return False
+        lines = p.read_text(encoding="utf-8").splitlines()
     except (OSError, ValueError):  # unreadable or not UTF-8: not a table
         return False
+    return (bool(lines) and lines[0] == TABLE_HEADING
+            and any(x.startswith("| Boundary |") for x in lines)
+            and all(not x.strip() or x.startswith(_TABLE_LINE_STARTS) for x in lines[1:]))
 
 
 def is_table_json(path) -> bool:

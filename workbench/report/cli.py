@@ -172,7 +172,8 @@ def cmd_report(args) -> int:
     bad = sorted(set(formats) - {"png", "svg", "html"})
     if bad:
         raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
-    check_no_clobber(out, REPORT_FILES, overwrite=args.overwrite, marker=REPORT_MARKER)
+    check_no_clobber(out, REPORT_FILES, overwrite=args.overwrite, marker=REPORT_MARKER,
+                     command="report")
     with writing_mark(out, "report"):
         md = write_report(args.store, args.a, args.b, out, step=args.step, layer=args.layer,
                           heads=heads, n_queries=args.queries, formats=formats,
@@ -190,7 +191,8 @@ def cmd_scan_report(args) -> int:
     if bad:
         raise ValueError(f"--formats: unknown format(s) {bad}; choose from png, svg, html")
     out = check_out_folder(args.out)
-    check_no_clobber(out, REPORT_FILES, overwrite=args.overwrite, marker=SCAN_REPORT_MARKER)
+    check_no_clobber(out, REPORT_FILES, overwrite=args.overwrite, marker=SCAN_REPORT_MARKER,
+                     command="scan-report")
     with writing_mark(out, "scan-report"):
         md = write_scan_report(args.scan, out, plan=args.plan, formats=formats,
                                recipe=args.recipe, step=args.step)

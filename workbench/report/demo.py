@@ -32,18 +32,25 @@ def _earlier_demo_parts(quick: bool) -> dict:
     parts = {
         "accuracy_table.md": is_table_markdown,
         "accuracy_table.json": is_table_json,
-        # a folder the demo was interrupted writing (interrupted_here) is its own too
+        # a folder the demo was interrupted writing is its own too (its mark, with every file
+        # there written after it: interrupted_here)
         "report": lambda p: (json_has_keys(p / REPORT_MARKER[0], REPORT_MARKER[1])
-                             or interrupted_here(p)),
+                             or interrupted_here(p, ("demo",))),
     }
     if not quick:
         name, keys = COMPARE_RECIPES_MARKER
-        parts["compare"] = lambda p: json_has_keys(p / name, keys) or interrupted_here(p)
+        parts["compare"] = lambda p: (json_has_keys(p / name, keys)
+                                      or interrupted_here(p, ("demo",)))
     return parts
 
 
 def check_demo_out(out: Path, *, quick: bool = False, overwrite: bool = False) -> None:
-    """Refuse an --out where a name the demo writes holds something the demo did not write."""
+    """Refuse an --out where a name the demo writes holds something the demo did not write, and
+    (--overwrite too) one whose report / compare folder is a zarr store or lies inside one."""
+    from workbench.capture.storefs import check_outside_stores
+
+    for name in ("report", "compare"):
+        check_outside_stores(out / name, "--out")
     if overwrite or not out.is_dir():
         return
     for name, is_own in _earlier_demo_parts(quick).items():
