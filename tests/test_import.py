@@ -167,3 +167,29 @@ def test_causal_store_table_masks_and_says_so(tmp_path, capsys):
     # the seed's default recipes are sparse: refused for a causal replay, naming why
     assert main(["table", "--store", store, "--step", "0", "--layer", "0"]) == 2
     assert "causal" in capsys.readouterr().err
+
+
+def test_report_on_a_store_with_gaps_and_all_heads(tmp_path, capsys):
+    """`report` on a store lacking some (step, layer) pairs draws the missing layers of its
+    per-layer heatmap as gaps (before: it failed on a valid entry, naming one never asked for);
+    `--heads all` reports every captured head (before: silently heads 0-3)."""
+    import json
+
+    import numpy as np
+
+    from workbench.cli import main
+
+    src = {"step0": {"layer0": _entry(H=8, Hkv=2, seed=0), "layer1": _entry(H=8, Hkv=2, seed=1)},
+           "step1": {"layer1": _entry(H=8, Hkv=2, seed=2)}}
+    torch.save(src, tmp_path / "p.pt")
+    store = str(tmp_path / "p.zarr")
+    assert main(["import", str(tmp_path / "p.pt"), "--out", store, "--quiet"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "rep"
+    assert main(["report", store, "--step", "1", "--layer", "1", "--queries", "8",
+                 "--heads", "all", "--formats", "html", "--out", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["heads"] == list(range(8))
+    grid = np.array(rep["layer_head_output_mse"]["b"], dtype=float)
+    assert rep["layers"] == [0, 1] and grid.shape == (2, 8)
+    assert np.isnan(grid[0]).all() and np.isfinite(grid[1]).all() and (grid[1] > 0).all()

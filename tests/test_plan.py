@@ -288,3 +288,43 @@ def test_generate_notes_a_plan_from_another_sampling_grid(tmp_path, capsys):
     assert "recipe plan plan:" in out and '"workbench_plan"' not in out, out
     assert main([*argv, "--steps", "10", "--out", str(tmp_path / "g10")]) == 0
     assert "sampling grid points" not in capsys.readouterr().err
+
+
+def test_scan_runs_a_plans_recipe_with_its_own_numerics(tmp_path):
+    """A plan scanned without --dense-policy runs the recipe it plans at each entry with that
+    recipe's own numerics, as a recipe is scanned and as `table` / `report` run it (before: the
+    plan's recipe with its dense policy, so fp8_sol_kv_corrected, dense at steps < 10, was
+    scanned as BF16: 55 dB instead of 29)."""
+    from workbench.evaluate.scan import run_scan
+
+    plan = {"workbench_plan": 1, "name": "hand", "default": "sol",
+            "recipes": {"sol": "fp8_sol_kv_corrected"}, "entries": []}
+    path = tmp_path / "hand.json"
+    path.write_text(json.dumps(plan))
+    ds, _ = run_scan(ROOT / "captures" / "demo_h3_nano.zarr",
+                     f"fp8_sol_kv_corrected,{path}", out=tmp_path / "s.scan.zarr", steps=[0],
+                     layers=[2], n_queries=16, scheduler="synchronous", progress=False,
+                     device="cpu")
+    sq = ds.entry_metrics.sel(metric="attention_output_sqnr_db").values[0, 0]
+    assert sq[1] == sq[0] and sq[0] < 40, sq  # the plan's entry is the recipe's, FP8 numerics
+
+
+def test_dense_policy_scans_still_pair_the_smoothing_twins(tmp_path):
+    """With --dense-policy every recipe is BF16 at its dense steps, the first entry included; the
+    twins (none -> k -> kv smoothing) are still found by their own numerics, so the smoothing
+    figure and the V-centring guard work (before: no pair found, the figure named recipes that
+    were in the scan)."""
+    from workbench.evaluate.planning import v_centring_hurts
+    from workbench.evaluate.scan import run_scan
+    from workbench.viz.scan_figures import smoothing_pairs
+
+    names = [f"{r}:dense_steps=1" for r in ("fp8_dense", "fp8_dense_k", "fp8_dense_kv_corrected")]
+    ds, _ = run_scan(ROOT / "captures" / "demo_h3_nano.zarr", ",".join(names),
+                     out=tmp_path / "dp.scan.zarr", steps=[0, 4], layers=[3], n_queries=16,
+                     dense_policy=True, scheduler="synchronous", progress=False, device="cpu")
+    labels = [str(x) for x in ds.recipe.values]
+    assert sorted(smoothing_pairs(ds)) == sorted([(labels[0], labels[1]),
+                                                  (labels[1], labels[2])])
+    hurts = v_centring_hurts(ds)
+    assert list(hurts) == [labels[2]] and hurts[labels[2]].shape == (2, 1)
+    assert not hurts[labels[2]][0, 0]  # step 0: both BF16 under the policy, no difference

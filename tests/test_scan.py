@@ -339,3 +339,18 @@ def test_scan_of_a_causal_store_replays_with_the_mask(tmp_path):
 
     with pytest.raises(ScanError, match="causal"):
         ScanStore(tmp_path / "c.scan.zarr", replace(params, causal=False))
+
+
+def test_scan_report_states_the_rows_the_scan_sampled(tmp_path):
+    """--queries beyond the sequence samples every row; the report says how many it used (before:
+    "500 evenly spaced query rows of 164")."""
+    from workbench.report.scan_report import write_scan_report
+
+    ds, _ = run_scan(STORE, "fp8_dense,fp8_dense_k", out=tmp_path / "q.scan.zarr", steps=[7],
+                     layers=[1], n_queries=500, scheduler="synchronous", progress=False,
+                     device="cpu")
+    n = len(ds.attrs["params"]["query_rows"])
+    assert n < 500
+    md = write_scan_report(tmp_path / "q.scan.zarr", tmp_path / "rep", formats=("html",))
+    text = Path(md).read_text()
+    assert f"{n} evenly spaced query rows of" in text and "500 evenly" not in text

@@ -262,13 +262,18 @@ def layer_head_grid(
     """{metric: [n_layers, n_heads]} of one recipe at one step, every layer of the source.
 
     recipe: a recipe, or a plan (``RecipePlan``, its JSON or file): then each layer runs the
-    recipe the plan gives (step, layer), as ``generate`` would, not one recipe everywhere."""
+    recipe the plan gives (step, layer), as ``generate`` would, not one recipe everywhere. A
+    layer the source holds no entry of at `step` is NaN (a gap in the heatmap)."""
     from workbench.recipes.plan import RecipePlan, entry_recipe
 
     heads = heads if heads is not None else source.heads
     plan = get_recipe(recipe)
     out = {m: np.zeros((len(source.layers), len(heads))) for m in metrics}
     for i, layer in enumerate(source.layers):
+        if hasattr(source, "has") and not source.has(step, layer):
+            for m in metrics:
+                out[m][i] = np.nan
+            continue
         r = entry_recipe(plan, step, layer)[0] if isinstance(plan, RecipePlan) else plan
         c = evaluate_entry(source, step, layer, {"r": r}, heads=heads, n_queries=n_queries,
                            dense_policy=dense_policy, cache=cache)

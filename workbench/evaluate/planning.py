@@ -68,15 +68,19 @@ class PlanRule:
         return text
 
 
-def scan_recipe_at(ds, label: str, step: int, layer: int) -> AttentionRecipe:
-    """The AttentionRecipe the scan measured for `label` at (step, layer): the recipe's dense
-    policy applied when the scan applied it, else the recipe with its dense policy removed (its
-    own numerics at every entry); a plan resolved at the entry."""
-    from workbench.recipes import RecipePlan as _Plan
+def scan_recipe_at(ds, label: str, step: int, layer: int, *,
+                   dense_policy: bool | None = None) -> AttentionRecipe:
+    """The AttentionRecipe the scan measured for `label` at (step, layer): a plan's recipe of
+    the entry, or the recipe; its dense policy applied when the scan applied it, else removed
+    (its own numerics at every entry). dense_policy: override the scan's choice (False: the
+    recipe's own numerics, e.g. to tell which recipes are twins)."""
+    from workbench.recipes.plan import entry_recipe
 
     spec = str(ds.recipe_spec.sel(recipe=label).values)
-    r = get_recipe(spec)
-    if isinstance(r, _Plan) or ds.attrs["params"]["dense_policy"]:
+    r = entry_recipe(get_recipe(spec), step, layer)[0]
+    if dense_policy is None:
+        dense_policy = bool(ds.attrs["params"]["dense_policy"])
+    if dense_policy:
         return r.at(step, layer)
     return r.with_(dense_steps=0, dense_layers=0)
 
@@ -99,7 +103,8 @@ def v_centring_hurts(ds) -> dict[str, np.ndarray]:
 
     labels = [str(x) for x in ds.recipe.values]
     s0, l0 = int(ds.step.values[0]), int(ds.layer.values[0])
-    at = {lab: scan_recipe_at(ds, lab, s0, l0) for lab in labels}
+    # twins by their own numerics (a dense policy makes every recipe BF16 at some entries)
+    at = {lab: scan_recipe_at(ds, lab, s0, l0, dense_policy=False) for lab in labels}
     out = {}
     for lab in labels:
         twin = twin_k_only(at[lab])

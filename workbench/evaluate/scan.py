@@ -125,6 +125,7 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
     """
     from workbench.attention import SegmentLayout
     from workbench.recipes import RecipePlan, get_recipe
+    from workbench.recipes.plan import entry_recipe
 
     from .engine import evaluate_entry
     from .source import default_device
@@ -136,8 +137,9 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
     src = _EntrySource(tq, tk, tv, captured_heads, SegmentLayout.from_dict(layout), rotated,
                        causal, scale)
     recipe = get_recipe(spec)
-    if isinstance(recipe, RecipePlan):
-        recipe = recipe.at(step, layer)
+    if isinstance(recipe, RecipePlan):  # the recipe it plans here, its dense policy applied only
+        # as a recipe's is (dense_policy), not always
+        recipe = entry_recipe(recipe, step, layer)[0]
     c = evaluate_entry(src, step, layer, {"r": recipe}, heads=list(heads), n_queries=n_queries,
                        dense_policy=dense_policy)
     e = c.evals["r"]

@@ -110,6 +110,15 @@ class ReplaySource:
                 f"{self.layout.total:,} rows ({self.layout.describe()}), {rot}, {mask} "
                 f"replay{scale}{note}")
 
+    def has(self, step, layer) -> bool:
+        """Whether the source holds a complete entry at (step, layer) (a store may lack some
+        pairs of its steps x layers: an interrupted capture, an import of a few)."""
+        if self.cap is None:
+            return (step, layer) in self._cache
+        if not hasattr(self, "_entries"):
+            self._entries = {(e.step, e.layer) for e in self.cap.entries(False)}
+        return (step, layer) in self._entries
+
     def qkv(self, step, layer, heads=None):
         """(q, k, v) float32 on the source's device; heads = captured query head ids (None: all)."""
         key = (step, layer)

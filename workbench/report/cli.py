@@ -165,9 +165,11 @@ def cmd_report(args) -> int:
     from workbench.report.export import REPORT_FILES, REPORT_MARKER, write_report
 
     heads = parse_int_list(args.heads, "--heads")
+    if heads is None and args.heads is not None:
+        heads = "all"  # every captured head (parse_int_list's None for "all")
     out = check_out_folder(args.out)
     check_device(args.device)
-    _check_heads(args.store, heads, args.step, args.layer)
+    _check_heads(args.store, None if heads == "all" else heads, args.step, args.layer)
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     bad = sorted(set(formats) - {"png", "svg", "html"})
     if bad:
@@ -245,7 +247,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output folder (report.md, figures/)")
     p.add_argument("--step", type=int, default=None, help="entry step (default: the last)")
     p.add_argument("--layer", type=int, default=None, help="entry layer (default: the last)")
-    p.add_argument("--heads", default=None, help="query heads, e.g. 0-3 (default: first 4)")
+    p.add_argument("--heads", default=None,
+                   help="query heads, e.g. 0-3, or all (default: the first 4 captured)")
     p.add_argument("--queries", type=positive_int, default=64, help="evenly spaced query rows")
     p.add_argument("--formats", default="png,svg,html", help="comma list of png, svg, html")
     p.add_argument("--html-inline", action="store_true",

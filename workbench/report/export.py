@@ -142,6 +142,7 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
                  html_inline: bool = False, causal: bool | None = None, log=print) -> Path:
     """Export figures, tables and markdown for one store entry. Returns the markdown path.
 
+    heads: captured query head ids, "all", or None (the first four captured).
     html_inline: self-contained HTML pages (plotly.js in each) instead of one shared bundle.
     causal: mask keys after each row (None: as the store records)."""
     from workbench.evaluate import ReplaySource
@@ -152,7 +153,8 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     src = ReplaySource(store, device=device, causal=causal)
     step = src.steps[-1] if step is None else step
     layer = src.layers[-1] if layer is None else layer
-    heads = list(heads) if heads is not None else src.heads[:4]
+    heads = (list(src.heads) if heads == "all" else list(heads) if heads is not None
+             else src.heads[:4])
     # a plan runs its recipe of this entry (its own numerics, as every recipe here)
     (a, note_a), (b, note_b) = (entry_recipe(r, step, layer) for r in (recipe_a, recipe_b))
     for flag, note in (("A", note_a), ("B", note_b)):

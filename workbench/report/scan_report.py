@@ -39,7 +39,7 @@ def write_scan_report(scan, out, *, plan=None, formats=("png", "svg", "html"),
         f"## Sensitivity scan of `{Path(p['store']).name}`",
         "",
         f"Scan `{ds.attrs['path']}`: steps {steps}, layers {layers}, heads {p['heads']}, "
-        f"{p['n_queries']} evenly spaced query rows of {p['seq_len']:,}, float64 dense "
+        f"{len(p['query_rows'])} evenly spaced query rows of {p['seq_len']:,}, float64 dense "
         f"reference; recipes' dense policy {'applied' if p['dense_policy'] else 'not applied'}"
         f". Benefit = output-MSE reduction against `{p['baseline']}`, with the paired-bootstrap "
         "95% interval over the sampled rows.",

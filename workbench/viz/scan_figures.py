@@ -95,7 +95,8 @@ def smoothing_pairs(ds) -> list[tuple[str, str]]:
 
     labels = _labels(ds.recipe.values)
     s0, l0 = int(ds.step.values[0]), int(ds.layer.values[0])
-    at = {lab: scan_recipe_at(ds, lab, s0, l0) for lab in labels}
+    # pairs by their own numerics (a dense policy makes every recipe BF16 at some entries)
+    at = {lab: scan_recipe_at(ds, lab, s0, l0, dense_policy=False) for lab in labels}
     pairs = []
     for more in labels:
         r = at[more]
