@@ -246,6 +246,9 @@ def recipe_attention(
     scale: softmax scale, default 1/sqrt(D).
     """
     recipe = get_recipe(recipe).at(step, layer)
+    for name, n in (("key_chunk", key_chunk), ("query_chunk", query_chunk)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name}: {n!r}; give a positive number of rows per chunk")
     if causal and recipe.sparsity != "dense":
         raise ValueError(f"causal: the reference path masks dense recipes only; recipe "
                          f"{recipe.name!r} has sparsity={recipe.sparsity!r} (choose a dense one, "

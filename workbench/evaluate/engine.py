@@ -11,6 +11,7 @@ notebook shows is what a PR export writes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -61,6 +62,8 @@ class RecipeEval:
     seconds: float
     # [n, H] the same per selected head (mean over B, D): per-head bootstrap intervals (scan)
     row_sq_err_heads: torch.Tensor | None = None
+    # how many [nq, nk] maps block_map averages (batch x selected heads; 0: no map)
+    block_maps: int = 0
 
 
 @dataclass
@@ -115,15 +118,23 @@ class Comparison:
         return out
 
 
+def _tensor_key(t: torch.Tensor) -> tuple:
+    """What a cached result of tensor t depends on: its identity, its version counter (bumped by
+    every in-place write, so an edited tensor is not taken for its old values), its memory and
+    view."""
+    return (id(t), t._version, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
 class _ReferenceCache:
-    """float64 dense references by (tensor identity, rows); holds the tensors so ids stay valid."""
+    """float64 dense references by (tensor identity and version, rows); holds the tensors so
+    ids stay valid."""
 
     def __init__(self, size: int = 8):
         self.size = size
         self._store: dict = {}
 
     def get(self, q, k, v, idx, causal=False, scale=None) -> torch.Tensor:
-        key = (id(q), id(k), id(v), tuple(idx.tolist()), tuple(q.shape), causal, scale)
+        key = (*map(_tensor_key, (q, k, v)), tuple(idx.tolist()), causal, scale)
         if key not in self._store:
             if len(self._store) >= self.size:
                 self._store.pop(next(iter(self._store)))
@@ -186,8 +197,8 @@ def evaluate(
         if progress:
             progress(i, n, f"recipe {name}")
         r = get_recipe(r)
-        key = (id(q), id(k), id(v), r.to_json(), tuple(idx.tolist()), step, layer, rotated,
-               causal, scale)
+        key = (*map(_tensor_key, (q, k, v)), r.to_json(), tuple(idx.tolist()), step, layer,
+               rotated, causal, scale, json.dumps(layout.to_dict(), sort_keys=True))
         if cache is not None and key in cache:
             evals[name] = dataclasses.replace(cache[key][0], name=name)
             continue
@@ -215,9 +226,10 @@ def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer, caus
     bm = boundary_metrics(res, q, k, v, ref)
     dk = token_mean_drift(res.k_dq, k, rotated or 0)["per_channel"]
     dv = token_mean_drift(res.v_dq, v, rotated or 0)["per_channel"]
-    block_map = None
+    block_map, block_maps = None, 0
     if res.block_map is not None:
         block_map = res.block_map.float().mean(dim=(0, 1)).cpu().numpy()
+        block_maps = res.block_map.shape[0] * res.block_map.shape[1]
     block = res.recipe.sol_block if res.recipe.sparsity == "sol" else res.recipe.vsa_tile
     along = error_along_tokens(res, ref, layout)
     return RecipeEval(
@@ -230,6 +242,7 @@ def _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer, caus
         exact_fraction=res.exact_fraction, block_map=block_map, block=block,
         row_sq_err=bm.row_sq_err.cpu(), seconds=time.perf_counter() - t1,
         row_sq_err_heads=(res.out.double() - ref.double()).pow(2).mean(dim=(0, 3)).cpu(),
+        block_maps=block_maps,
     )
 
 
@@ -238,8 +251,12 @@ def evaluate_entry(source, step, layer, recipes: dict[str, AttentionRecipe | str
                    dense_policy: bool = False, progress=None,
                    cache: dict | None = None) -> Comparison:
     """``evaluate`` on one (step, layer) entry of a ``ReplaySource`` (heads: captured head ids,
-    default all). dense_policy: apply the recipes' dense steps / layers at this entry."""
+    default all). dense_policy: apply the recipes' dense steps / layers at this entry. A plan
+    runs the recipe it plans at (step, layer) (``entry_recipe``)."""
+    from workbench.recipes.plan import entry_recipe
+
     heads = list(heads) if heads is not None else list(source.heads)
+    recipes = {name: entry_recipe(r, step, layer)[0] for name, r in recipes.items()}
     q, k, v = source.qkv(step, layer, heads)
     return evaluate(q, k, v, recipes, layout=source.layout, n_queries=n_queries, heads=heads,
                     rotated=source.rotated, step=step if dense_policy else None,
@@ -263,7 +280,9 @@ def layer_head_grid(
 
     recipe: a recipe, or a plan (``RecipePlan``, its JSON or file): then each layer runs the
     recipe the plan gives (step, layer), as ``generate`` would, not one recipe everywhere. A
-    layer the source holds no entry of at `step` is NaN (a gap in the heatmap)."""
+    layer the source holds no entry of at `step` is NaN (a gap in the heatmap). A K / V boundary
+    (``quanted_k``, ``dequanted_v``, ``v_mean``) under GQA has one value per K/V head: each query
+    head's column shows its group's."""
     from workbench.recipes.plan import RecipePlan, entry_recipe
 
     heads = heads if heads is not None else source.heads
@@ -278,7 +297,11 @@ def layer_head_grid(
         c = evaluate_entry(source, step, layer, {"r": r}, heads=heads, n_queries=n_queries,
                            dense_policy=dense_policy, cache=cache)
         for m in metrics:
-            out[m][i] = c.evals["r"].heads[boundary][m]
+            vals = np.asarray(c.evals["r"].heads[boundary][m], dtype=float)
+            if vals.shape[0] != len(heads):  # a K / V boundary under GQA: one value per K/V
+                # head; each query head shows its group's (select_heads keeps groups in order)
+                vals = np.repeat(vals, len(heads) // vals.shape[0])
+            out[m][i] = vals
     return out
 
 

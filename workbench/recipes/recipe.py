@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+import numpy as np
 
 # "exact": operands kept at compute precision (FP32, or FP64 for float64 inputs): identities and
 # ceilings, not a deployable format.
@@ -115,6 +118,7 @@ class AttentionRecipe:
     notes: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         validate(self)
 
     # -- derived properties -------------------------------------------------------------------
@@ -264,6 +268,30 @@ def _choice(recipe: AttentionRecipe, name: str, allowed: tuple[str, ...]) -> Non
         raise RecipeError(
             f"recipe field {name!r}: unknown value {value!r}; choose one of {allowed}"
         )
+
+
+def _check_types(r: AttentionRecipe) -> None:
+    """Each field of its declared type, naming the field (a string "false" in a bool field is
+    true, 64.5 tokens per block a crash far from here). Numpy scalars and an int in a float field
+    become the plain Python value (one JSON form, so equal recipes compare equal)."""
+    for f in dataclasses.fields(r):
+        value, typ = getattr(r, f.name), str(f.type)
+        is_bool = isinstance(value, (bool, np.bool_))
+        if typ == "bool":
+            ok, cast = is_bool, bool
+        elif typ == "int":
+            ok, cast = isinstance(value, numbers.Integral) and not is_bool, int
+        elif typ == "float":
+            ok, cast = isinstance(value, numbers.Real) and not is_bool, float
+        elif typ == "str":
+            ok, cast = isinstance(value, str), str
+        else:
+            continue
+        if not ok:
+            raise RecipeError(f"recipe field {f.name!r}: {value!r} is a {type(value).__name__}, "
+                              f"not a {typ}")
+        if type(value) is not cast:
+            object.__setattr__(r, f.name, cast(value))
 
 
 def validate(r: AttentionRecipe) -> None:

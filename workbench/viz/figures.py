@@ -459,7 +459,7 @@ def comparison_figures(
                 e.block_map, block=e.block, exact_fraction=e.exact_fraction,
                 title=f"{name} {e.recipe.sparsity} routing{at} (mean over heads)",
                 prefix=lay.prefix_len, generated=lay.generated or "generated",
-                n_heads=len(comparison.heads),
+                n_heads=e.block_maps or len(comparison.heads),  # batch x heads maps averaged
                 zero_label="skipped" if e.recipe.sparsity == "vsa" else "summary"),
                 f"{name} block routing{at}")
             break
