@@ -136,6 +136,8 @@ def cmd_inspect(args) -> int:
 def cmd_archive(args) -> int:
     from .archive import archive_store
 
+    if not 1 <= args.level <= 22:
+        raise ValueError(f"--level: {args.level}; zstd's levels are 1 to 22")
     r = archive_store(args.src, args.dst, level=args.level, overwrite=args.overwrite)
     print(f"archived {r['entries']} entries: {r['src_bytes'] / 2**20:.2f} MiB -> "
           f"{r['dst_bytes'] / 2**20:.2f} MiB (zstd:{args.level}); skipped incomplete: "

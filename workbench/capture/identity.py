@@ -47,6 +47,28 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _differing(a, b) -> tuple[str, str]:
+    """(stored, new) as short text: of two objects (or JSON texts of objects, e.g. a recipe)
+    only the keys whose values differ, so that a long value's difference is not cut off."""
+    def obj(x):
+        if isinstance(x, str):
+            try:
+                x = json.loads(x)
+            except ValueError:
+                return None
+        return x if isinstance(x, dict) else None
+
+    da, db = obj(a), obj(b)
+    if da is None or db is None:
+        return _short(a), _short(b)
+    same = lambda k: json.dumps(da.get(k), sort_keys=True, default=str) == json.dumps(  # noqa: E731
+        db.get(k), sort_keys=True, default=str)
+    # the numerics first, a name or notes (free text) last
+    keys = sorted((k for k in set(da) | set(db) if not same(k)),
+                  key=lambda k: (k in ("name", "notes"), k))
+    return _short({k: da.get(k) for k in keys}), _short({k: db.get(k) for k in keys})
+
+
 def _comparable(key: str, value):
     """Model configs carry library bookkeeping ("_diffusers_version", "_use_default_values" in
     set order): leave the underscore keys out."""
@@ -78,11 +100,12 @@ def check_resume_identity(stored: dict, new: dict, where: str) -> None:
     if not bad:
         return
     key, flag, a, b = bad[0]
+    a, b = _differing(a, b)
     others = ", ".join(k for k, *_ in bad[1:])
     more = f" (and {len(bad) - 1} more: {others})" if others else ""
     raise RunMismatchError(
         f"{where}: --resume refused: this run differs from the stored one in {key} ({flag}): "
-        f"store has {_short(a)}, this run has {_short(b)}{more}; resume with the same settings "
+        f"store has {a}, this run has {b}{more}; resume with the same settings "
         f"or capture into a new --out"
     )
 

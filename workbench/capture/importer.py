@@ -218,6 +218,14 @@ def _check_shapes(q, k, v, label: str, where: str) -> None:
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         raise ImportDataError(f"{label} ({where}): {q.shape[2]} query heads are not a multiple of "
                            f"{k.shape[2]} K/V heads (q {sq}, k {sk})")
+    empty = [(n, list(t.shape)) for n, t in (("q", q), ("k", k), ("v", v)) if 0 in t.shape]
+    if empty:
+        raise ImportDataError(f"{label} ({where}): {empty[0][0]} {empty[0][1]} has a zero-length "
+                              "dimension; nothing to store")
+    if not q.dtype == k.dtype == v.dtype:
+        # one store entry holds one dtype (its metadata records q's): cast them to one first
+        raise ImportDataError(f"{label} ({where}): q is {q.dtype}, k {k.dtype}, v {v.dtype}; "
+                              "give the three in one dtype (e.g. .to(torch.bfloat16))")
 
 
 def import_tensors(sources, out, *, layout=None, rotated: int | None = None,

@@ -72,10 +72,19 @@ def layer_norm_stats(reader: CaptureReader, damaged: list[str] | None = None) ->
 
 
 def _recipe_name(spec) -> str | None:
+    """The recorded recipe as its string (preset name and any overrides, e.g.
+    ``fp8_dense:smoothing=k``), not just its name."""
+    if spec in (None, "native"):
+        return spec
     try:
-        return json.loads(spec).get("name") if spec not in (None, "native") else spec
-    except (ValueError, AttributeError, TypeError):
-        return f"{spec!r} (not a recipe spec)"
+        from workbench.recipes import get_recipe
+
+        return get_recipe(spec).to_string()
+    except Exception:  # noqa: BLE001 - an older or hand-edited spec: its name, else say so
+        try:
+            return json.loads(spec).get("name")
+        except (ValueError, AttributeError, TypeError):
+            return f"{spec!r} (not a recipe spec)"
 
 
 def _fmt(x: float) -> str:

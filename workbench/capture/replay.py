@@ -341,7 +341,7 @@ class CaptureReader:
         e = self.find(step, layer)
         meta, _ = self.entry_metadata(e)
         q_heads, kv_heads = list(meta["q_heads"]), list(meta["kv_heads"])
-        q_sel, kv_sel = slice(None), slice(None)
+        q_sel, kv_sel, kv_expand = slice(None), slice(None), None
         if heads is not None:
             heads = [int(h) for h in heads]
             missing = [h for h in heads if h not in q_heads]
@@ -350,13 +350,20 @@ class CaptureReader:
                                f"heads: {q_heads}")
             group = meta["num_heads"] // meta["num_kv_heads"]
             q_sel = [q_heads.index(h) for h in heads]
-            kv_sel = [kv_heads.index(h // group) for h in heads]
-            if group > 1 and len(set(kv_sel)) < len(kv_sel):
-                kv_sel = sorted(set(kv_sel))  # keep GQA structure: one K/V head per group
+            need = [kv_heads.index(h // group) for h in heads]  # the K/V head of each q head
+            kv_sel = sorted(set(need))
+            g = len(need) // len(kv_sel)
+            if need != [u for u in kv_sel for _ in range(g)]:
+                # not whole runs of g query heads per K/V head in order: one K/V head per query
+                # head (a group's read once, repeated), so q head i reads K/V head i, as GQA's
+                # i // (H / Hkv) rule then gives
+                kv_expand = [kv_sel.index(x) for x in need]
         dt = torch_dtype(e.torch_dtype)
         out = []
         for name, sel in (("q", q_sel), ("k", kv_sel), ("v", kv_sel)):
             a = self._read(e, name, (slice(None), slice(None), sel, slice(None)))
+            if name != "q" and kv_expand is not None:
+                a = a[:, :, kv_expand]
             t = from_numpy_bits(a, dt)
             out.append(t.to(device) if device is not None else t)
         return tuple(out)

@@ -11,6 +11,7 @@ compare every one against the first.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -145,15 +146,46 @@ def side_by_side_line(m: dict, name_a: str, name_b: str, folder: str = "") -> st
 def compare_dirs(dir_a: str | Path, dir_b: str | Path, out: str | Path | None = None) -> dict:
     """Compare the clip folder `dir_b` against `dir_a` (written by ``write_clip``)."""
     a, b = read_clip(dir_a), read_clip(dir_b)
+    va, vb = a.video, b.video
+    if va.shape != vb.shape:
+        # a folder with only video.mp4 is read at its viewing size (frames enlarged by an integer
+        # factor, write_clip): bring it back to the other's size by averaging each f x f block
+        small, big = (va, vb) if va.shape[-1] < vb.shape[-1] else (vb, va)
+        f = big.shape[-1] // small.shape[-1]
+        if big.shape[:2] != small.shape[:2] or f < 1 or \
+                tuple(big.shape[-2:]) != (small.shape[-2] * f, small.shape[-1] * f):
+            raise ValueError(f"{dir_a} and {dir_b}: video shapes {tuple(va.shape)} and "
+                             f"{tuple(vb.shape)} differ (not one clip at two sizes)")
+        down = torch.nn.functional.avg_pool2d(big, f)
+        a, b = ((dataclasses.replace(a, video=down), b) if big is va
+                else (a, dataclasses.replace(b, video=down)))
     return compare_clips(a, b, out, Path(dir_a).name, Path(dir_b).name)
+
+
+MAX_FOLDER_NAME = 96  # well under a file system's 255 bytes, with room for compare_ and -N
 
 
 def _folder_name(spec: str) -> str:
     """A clip folder name for a recipe spec: a plan / recipe file gives its stem (an absolute
-    path must not escape the output folder), a spec its text with ':' replaced."""
-    if spec.strip().endswith(".json") and not spec.strip().startswith("{"):
-        return Path(spec.strip()).stem
-    return spec.replace(":", "_").replace("/", "_")
+    path must not escape the output folder), a spec its text with ':' replaced; a recipe's JSON
+    text its name; a name too long for a folder its start and a hash of the whole."""
+    import hashlib
+
+    text = spec.strip()
+    if text.endswith(".json") and not text.startswith("{"):
+        name = Path(text).stem
+    elif text.startswith("{"):
+        try:
+            name = f"{json.loads(text).get('name', 'recipe')}-json"
+        except (ValueError, AttributeError):
+            name = "recipe-json"
+    else:
+        name = spec
+    name = name.replace(":", "_").replace("/", "_")
+    if len(name) > MAX_FOLDER_NAME or text.startswith("{"):
+        digest = hashlib.sha1(spec.encode()).hexdigest()[:8]
+        name = f"{name[:MAX_FOLDER_NAME - 9]}-{digest}"
+    return name
 
 
 def clip_folder_names(recipes: list[str]) -> dict[str, str]:
@@ -196,6 +228,13 @@ def compare_recipes(
     twice = next((r for i, r in enumerate(recipes) if r in recipes[:i]), None)
     if twice is not None:  # results are keyed by the spec: a second one would replace the first
         raise ValueError(f"recipes: {twice!r} is given twice; give each recipe once")
+    from .run import resolve_recipe
+
+    for r in recipes:  # every spec read before the first clip is generated
+        try:
+            resolve_recipe(r, dense_steps, dense_layers)
+        except ValueError as exc:
+            raise ValueError(f"recipes: {r!r}: {exc}") from None
     folders = clip_folder_names(recipes)
     clips = {}
     for r in recipes:
@@ -212,6 +251,10 @@ def compare_recipes(
         sub = None if out is None or r == ref else Path(out) / f"compare_{folders[r]}"
         rows[r] = compare_clips(clips[ref], clips[r], sub, ref, r)
     table = media_table(rows, ref)
+    ran = {r: clips[r].config.get("recipe_string") for r in recipes}
+    if dense_steps is not None or dense_layers is not None:  # the specs are not what ran
+        table += ("\n\nDense policy set for every recipe (--dense-steps / --dense-layers); what "
+                  "ran: " + "; ".join(f"{r} -> `{ran[r]}`" for r in recipes) + ".")
     if out is not None:
         table += "\n\n" + "\n".join(
             side_by_side_line(m, ref, r, f"compare_{folders[r]}/")
@@ -221,6 +264,7 @@ def compare_recipes(
                    "steps": steps or model.config.default_steps, "reference": ref,
                    "seconds": {r: clips[r].config["seconds"] for r in recipes},
                    "folders": {r: folders[r] for r in recipes},
+                   "ran": ran, "dense_steps": dense_steps, "dense_layers": dense_layers,
                    "metrics": {r: {k: v for k, v in m.items()
                                    if k not in ("curves", "side_by_side")}
                                for r, m in rows.items()},

@@ -87,7 +87,21 @@ def generate(
     h3.check_capture_steps(capture_steps, steps, "--capture-steps", "--steps")
     check_in_range(None if capture_layers is None else [int(x) for x in capture_layers],
                    len(h3.model.transformer_blocks), "--layers", h3.name, "blocks")
+    from workbench.attention.runner import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"--backend: unknown {backend!r}; choose one of {BACKENDS}")
     rec = resolve_recipe(recipe, dense_steps, dense_layers)
+    if rec is None and (dense_steps is not None or dense_layers is not None):
+        print("note: --dense-steps / --dense-layers do nothing with the model's own attention "
+              "(--recipe native): every call runs it", file=sys.stderr)
+    if isinstance(rec, RecipePlan):  # entries this run never reaches: say so, not silence
+        n_blocks = len(h3.model.transformer_blocks)
+        off = [(e.step, e.layer) for e in rec.entries if e.step >= grid - 1 or e.layer >= n_blocks]
+        if off:
+            print(f"note: plan {rec.name!r}: {len(off)} of its {len(rec.entries)} entries lie "
+                  f"outside this run (steps 0-{grid - 2}, layers 0-{n_blocks - 1}), e.g. (step, "
+                  f"layer) {off[0]}; they do not apply", file=sys.stderr)
     plan_grid = rec.source.get("grid_points") if isinstance(rec, RecipePlan) else None
     if plan_grid is not None and plan_grid != grid:
         print(f"note: plan {rec.name!r} comes from a capture of {plan_grid} sampling grid "
