@@ -97,3 +97,18 @@ def test_chunk_sizes_are_named_when_invalid():
     for kw in (dict(key_chunk=0), dict(query_chunk=0)):
         with pytest.raises(ValueError, match=next(iter(kw))):
             recipe_attention(q, k, v, "fp8_dense", **kw)
+
+
+def test_synthetic_config_refuses_what_it_would_silently_change():
+    """rotated must be a multiple of 6 (H3's RoPE: rotated / 6 frequencies per axis; 64 rotated
+    only 60 before, without a word); a video_grid that does not hold the video rows was replaced
+    by a raster before."""
+    from dataclasses import replace
+
+    from workbench.synthetic import H3_SYNTHETIC, small_config
+
+    with pytest.raises(ValueError, match="rotated: 64"):
+        small_config(256, rotated=64)
+    with pytest.raises(ValueError, match=r"video_grid: \(2, 2, 2\) holds 8 rows"):
+        replace(H3_SYNTHETIC, video_grid=(2, 2, 2))
+    assert small_config(256, rotated=60).rotated == 60

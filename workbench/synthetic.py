@@ -34,7 +34,9 @@ class SyntheticH3Config:
     kv_heads: int | None = None  # None: same as heads; fewer for GQA
     head_dim: int = 128
     rotated: int = 96  # channels rotated by RoPE; the rest pass through
-    video_grid: tuple[int, int, int] | None = (32, 24, 42)  # (t, h, w); None: 1-D positions
+    # (t, h, w) of the video rows (their product = the layout's video rows); None: a raster of
+    # 16 x 16 frames
+    video_grid: tuple[int, int, int] | None = (32, 24, 42)
     seed: int = 0
     q_bias: float = 0.3  # per-channel Q bias
     k_bias: float = 0.8  # per-channel K bias, rotated channels
@@ -47,6 +49,18 @@ class SyntheticH3Config:
     drift: float = 0.0  # amplitude of a slow sinusoidal drift of the K/V mean along the sequence
     text_gain: float = 1.5  # text rows carry larger V (sink-like prefix)
     dtype: torch.dtype = torch.bfloat16
+
+    def __post_init__(self) -> None:
+        # H3's RoPE spreads rotated / 6 frequencies over each of t, h, w (rotate-half pairs): a
+        # count that is not a multiple of 6 would be rounded down without a word
+        if self.rotated < 0 or self.rotated % 6 or self.rotated > self.head_dim:
+            raise ValueError(f"rotated: {self.rotated}; give a multiple of 6 from 0 to head_dim "
+                             f"{self.head_dim} (H3's RoPE: rotated / 6 frequencies on each of "
+                             "t, h, w)")
+        if self.video_grid is not None and math.prod(self.video_grid) != self.layout.video:
+            raise ValueError(f"video_grid: {tuple(self.video_grid)} holds "
+                             f"{math.prod(self.video_grid)} rows, the layout {self.layout.video} "
+                             "video rows; give a grid of that many or None")
 
     @property
     def seq_len(self) -> int:

@@ -59,7 +59,11 @@ class AttentionResult:
     mu_v: torch.Tensor  # [B, Hkv, D]
     v_corr: torch.Tensor  # [B, Hkv, D] vector added to the FP32 output of the quantized rows
     out: torch.Tensor  # [B, n, H, D] float32 (float64 for float64 inputs) holding BF16 values
-    lse: torch.Tensor  # [B, n, H] natural-log sum of exp(scale * q.k)
+    # [B, n, H] natural-log sum of exp of the scores the recipe computes: with K smoothed, of
+    # scale * q.(k - mu_K), i.e. the log-sum-exp of scale * q.k minus scale * q.mu_K (a constant
+    # of each row, which the softmax cancels; add it back to merge one row's LSEs across
+    # different key ranges). The dense-prefix rows (BF16, unsmoothed) hold the unshifted one.
+    lse: torch.Tensor
     prefix_rows: torch.Tensor  # [n] bool: rows recomputed in BF16 (dense-prefix replacement)
     exact_fraction: float = 1.0  # fraction of (query block, key block) pairs computed exactly
     exact_fraction_per_head: torch.Tensor | None = None  # [H]

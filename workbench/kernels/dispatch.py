@@ -107,7 +107,9 @@ def fp8_recipe_attention(
     **legacy_tuning,
 ):
     """The recipe on every row: q [B, S, H, D], k/v [B, S, Hkv, D] -> out [B, S, H, D] in q's dtype
-    (and lse [B, H, S] float32, natural log, when asked; prefix rows hold the FP8 rows' LSE).
+    (and lse [B, H, S] float32, natural log, when asked; prefix rows hold the FP8 rows' LSE;
+    with K smoothed, the LSE of the centred scores, as ``AttentionResult.lse``: the log-sum-exp
+    of scale * q.k minus scale * q.mu_K per row).
 
     config: the three kernels' tiling (``config.KernelConfig``; default = measured H200 values).
     Raises ValueError when the recipe or shape is unsupported (see ``unsupported_reason``).
