@@ -118,6 +118,9 @@ def test_inspect_shows_overrides_and_resume_shows_what_differs(tmp_path, capsys)
                tmp_path / "clip", "--capture", store, "--layers", "0")[0] == 0
     rc, out, _ = cli(capsys, "inspect", store)
     assert rc == 0 and "fp8_dense:smoothing=k" in out
+    # the store names its model and capture point (before: "model: None", "explicit record()")
+    assert "model: diffusers.models.transformers.transformer_minimax_h3.MiniMaxH3" in out
+    assert "capture point: workbench generate" in out
     from workbench.capture.identity import RunMismatchError, check_resume_identity
     from workbench.recipes import PRESETS
 

@@ -112,13 +112,20 @@ def generate(
     cap_ctx = None
     if capture is not None:
         from workbench.capture import capture as open_capture
+        from workbench.capture.recorder import model_metadata
 
+        # fed through record() by the interceptor below: name the model and where q, k, v come
+        # from, which a store opened without a model cannot know
+        meta = {k: v for k, v in model_metadata(h3.model).items() if k != "rotated_channels"}
+        meta["capture_point"] = ("workbench generate: the H3 blocks' dispatch_attention_fn(q, k, "
+                                 "v) inputs (AttentionInterceptor), post-QK-norm, post-RoPE, "
+                                 "[B, S, H, D]")
         cap_ctx = open_capture(
             None, capture, layers=capture_layers, steps=capture_steps, layout=layout,
             recipe=rec.to_json() if rec is not None else "native", seed=seed,
             prompt=str(prompt), progress=False,
             rotated_channels=h3_rotated_channels(h3.model),
-            extra_attrs={"model_name": h3.name, "checkpoint_id": checkpoint_id(h3.name),
+            extra_attrs={**meta, "model_name": h3.name, "checkpoint_id": checkpoint_id(h3.name),
                          "model_dtype": str(h3.dtype).removeprefix("torch."),
                          "sampling_grid_points": grid,
                          "h3_config": h3.config.to_dict() if h3.config else None},
