@@ -81,3 +81,92 @@ def test_controls_override_only_what_changes(explorer):
     ex.w_smooth.value = "kv"
     assert ex.recipe_b() == get_recipe("fp8_sol_kv_corrected")
     assert ex.error is None
+
+
+# -- findings of a review (2026-12-03), each reproduced first on the tree before its fix ---------
+
+def _small(**kw):
+    from workbench.evaluate import ReplaySource
+
+    kw = {"n_queries": 16, "heatmap": False, **kw}
+    return SmoothingExplorer(source=ReplaySource(find_store(), device="cpu"), **kw)
+
+
+def test_two_custom_recipes_of_one_name_both_run():
+    """Two recipes with the name "custom" shared a dropdown label, so A ran B (before: both
+    columns 2.07e-4 with A at smoothing kv)."""
+    from workbench.evaluate import evaluate_entry
+    from workbench.recipes import AttentionRecipe
+
+    ra = AttentionRecipe(name="custom", smoothing="none", v_bias_correction=False)
+    rb = AttentionRecipe(name="custom")
+    ex = _small(recipe_a=ra.to_json(), recipe_b=rb.to_json())
+    assert ex.recipe_a() == ra and ex.recipe_b() == rb
+    want = evaluate_entry(ex.source, ex.w_step.value, ex.w_layer.value, {"a": ra},
+                          heads=ex.selected_heads(), n_queries=16).evals["a"]
+    assert ex.comparison.readout()["A"]["output_mse"] == pytest.approx(
+        want.overall["attention_output"]["mse"], rel=1e-12)
+
+
+def test_dense_policy_names_what_ran_and_plans_bad_entries_are_named():
+    ex = _small()
+    ex.w_policy.value = True  # step 0 of the shipped capture: both recipes dense BF16
+    assert all("@dense_policy" in n for n in ex.names().values()), ex.names()
+    for kw, needle in ((dict(recipe_b={"workbench_plan": 1, "name": "p", "default": "b",
+                                       "recipes": {"b": "bf16"}, "entries": []}), "recipe_b"),
+                       (dict(step=99), "step: 99"), (dict(n_queries=4), "n_queries: 4")):
+        with pytest.raises(ValueError, match=needle):
+            _small(**kw)
+
+
+def test_an_invalid_combination_clears_the_figures_and_names_still_answer():
+    """After an invalid combination the old figures were left, read as the new settings', and
+    names() raised."""
+    ex = _small(recipe_b="fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true")
+    ex.w_sparse.value = "dense"
+    assert ex.error and "prefix_blocks_exact" in ex.error
+    assert len(ex.fig_bars.data) == 0 and "not computed" in ex.fig_bars.layout.title.text
+    assert "not computed" in ex.w_readout.value
+    assert "invalid" in ex.names()["B"]
+    ex.w_sparse.value = "sol"  # valid again: drawn again
+    assert ex.error is None and len(ex.fig_bars.data) > 0
+
+
+def test_switching_stores_back_to_the_in_memory_source():
+    import torch
+
+    from workbench.evaluate import ReplaySource
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 256, 2, 64, generator=g) for _ in range(3))
+    ex = SmoothingExplorer(source=ReplaySource(tensors=(q, k, v), device="cpu"), n_queries=16,
+                           heatmap=False)
+    mine = ex.source
+    ex.w_store.value = str(find_store())
+    assert ex.source is not mine
+    ex.w_store.value = "tensors"
+    assert ex.source is mine and ex.error is None
+
+
+def test_figure_updates_clear_unset_properties_and_benefits_diverge():
+    """A small grid's cell text stayed on a large grid drawn in its place; an all-positive
+    benefit grid lost its diverging colours; a missing scan value was drawn as "unclear"."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    from workbench.viz.figures import per_head_heatmap
+    from workbench.viz.scan_figures import smoothing_effect
+    from workbench.viz.widgets import _update_in_place
+
+    fw = go.FigureWidget()
+    _update_in_place(fw, per_head_heatmap(np.ones((10, 1)), layers=range(10), heads=[5]))
+    assert fw.data[0].text is not None
+    _update_in_place(fw, per_head_heatmap(np.ones((10, 24)), layers=range(10), heads=range(24)))
+    assert fw.data[0].text is None
+    ben = per_head_heatmap(np.full((2, 2), 5.0), layers=[0, 1], heads=[0, 1],
+                           metric="benefit %", log_color=False)
+    assert ben.data[0].zmid == 0 and ben.data[0].colorscale[0][1] != \
+        per_head_heatmap(np.ones((2, 2)), layers=[0, 1], heads=[0, 1]).data[0].colorscale[0][1]
+    fig = smoothing_effect({"a -> b": np.array([[[10, 5, 15], [np.nan] * 3]])}, steps=[0],
+                           layers=[0, 1])
+    assert fig.data[0].z[1][0] is None and fig.data[0].text[1][0] == ""

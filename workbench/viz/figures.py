@@ -144,8 +144,10 @@ def per_head_heatmap(
         zmin, zmax = (math.log10(lo), math.log10(hi)) if log_color and lo > 0 else (lo, hi)
     label = METRIC_LABELS.get(metric, metric)
     kind = "benefit" if metric.startswith("benefit") else metric
-    # Signed values (a benefit) get a diverging scale centred on 0: blue = B better.
-    signed = bool(not log_color and fin.size and fin.min() < 0 < fin.max())
+    # Signed values (a benefit) get a diverging scale centred on 0: blue = B better, also when
+    # every cell has one sign (else the colours would not say which side of 0 they lie)
+    signed = bool(not log_color and fin.size and (kind == "benefit"
+                                                  or fin.min() < 0 < fin.max()))
     fig = go.Figure(go.Heatmap(
         z=[_finite_or_none(r) for r in color],
         x=[str(h) for h in heads],

@@ -127,9 +127,14 @@ def smoothing_effect(effects: dict, *, steps: Sequence[int], layers: Sequence[in
     for c, name in enumerate(names, start=1):
         e = _np(effects[name])
         cls = np.where(e[..., 1] > 0, 1.0, np.where(e[..., 2] < 0, -1.0, 0.0))
-        text = [[f"{e[i, j, 0]:.0f}%" for i in range(len(steps))] for j in range(len(layers))]
+        missing = ~np.isfinite(e).all(-1)  # an entry the scan has no value of: a gap, not
+        # "unclear"
+        cls = np.where(missing, np.nan, cls)
+        text = [["" if missing[i, j] else f"{e[i, j, 0]:.0f}%" for i in range(len(steps))]
+                for j in range(len(layers))]
         fig.add_trace(go.Heatmap(
-            z=cls.T.tolist(), x=_labels(steps), y=_labels(layers), zmin=-1, zmax=1,
+            z=[[None if not np.isfinite(x) else float(x) for x in r] for r in cls.T],
+            x=_labels(steps), y=_labels(layers), zmin=-1, zmax=1,
             colorscale=scale, showscale=False, xgap=1, ygap=1, text=text,
             texttemplate="%{text}", textfont=dict(size=9),
             customdata=np.stack([e[..., 0].T, e[..., 1].T, e[..., 2].T], -1).tolist(),

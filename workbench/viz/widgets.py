@@ -57,6 +57,11 @@ def _update_in_place(fw: go.FigureWidget, new: go.Figure) -> None:
             for t, n in zip(fw.data, new.data):
                 d = n.to_plotly_json()
                 d.pop("type", None)
+                # a property the new trace leaves unset (a large grid's cell text) must not
+                # keep the old figure's value
+                for k in t.to_plotly_json():
+                    if k not in d and k not in ("type", "uid"):
+                        d[k] = None
                 t.update(d, overwrite=True)
         lay = new.layout.to_plotly_json()
         # The template is set once when the widget is made: re-validating its hundreds of
@@ -65,6 +70,18 @@ def _update_in_place(fw: go.FigureWidget, new: go.Figure) -> None:
         fw.layout.shapes = lay.pop("shapes", ())
         fw.layout.annotations = lay.pop("annotations", ())
         fw.layout.update(lay)
+
+
+def _one_recipe(spec, name: str):
+    """get_recipe(spec), refusing a plan (the explorer edits one recipe's fields), naming it."""
+    from workbench.recipes import RecipePlan
+
+    r = get_recipe(spec)
+    if isinstance(r, RecipePlan):
+        raise ValueError(f"{name}: {r.name!r} is a plan (a recipe per step and layer); the "
+                         "explorer compares two recipes: give one of its recipes "
+                         f"({sorted(r.recipes)}), or draw the plan with `workbench report`")
+    return r
 
 
 class SmoothingExplorer:
@@ -99,10 +116,21 @@ class SmoothingExplorer:
         # their ids are stable): changing B does not recompute A, nor the grid's other layers.
         self._cache: dict = {}
         src = self.source
-        given_a, given_b = get_recipe(recipe_a), get_recipe(recipe_b)
-        # Dropdown label -> recipe: the given recipes under their override strings, then presets.
-        self._choices = {r.label(): r for r in (given_a, given_b)}
+        given_a, given_b = _one_recipe(recipe_a, "recipe_a"), _one_recipe(recipe_b, "recipe_b")
+        for name, value, have in (("step", step, src.steps), ("layer", layer, src.layers)):
+            if value is not None and value not in have:
+                raise ValueError(f"{name}: {value!r} is not in {src.name}'s {name}s {have}")
+        if not (8 <= n_queries <= 1024 and n_queries % 8 == 0):
+            raise ValueError(f"n_queries: {n_queries}; the explorer's query rows go from 8 to "
+                             "1024 in steps of 8")
+        # Dropdown label -> recipe: the given recipes under their override strings (two
+        # different recipes of one label, e.g. two "custom" ones, kept apart), then presets.
+        la, lb = given_a.label(), given_b.label()
+        if la == lb and given_a != given_b:
+            la, lb = f"{la} [A]", f"{lb} [B]"
+        self._choices = {la: given_a, lb: given_b}
         self._choices.update({n: r for n, r in PRESETS.items() if n not in self._choices})
+        self._sources = {str(src.path) if src.path else src.name: src}
         self._loaded: dict = {}  # control values as loaded from B's base recipe
 
         st = W.Layout(width="auto")
@@ -120,9 +148,9 @@ class SmoothingExplorer:
         self.w_queries = W.IntSlider(value=n_queries, min=8, max=1024, step=8,
                                      description="query rows", continuous_update=False)
         labels = list(self._choices)
-        self.w_a = W.Dropdown(options=labels, value=given_a.label(), description="recipe A",
+        self.w_a = W.Dropdown(options=labels, value=la, description="recipe A",
                               layout=W.Layout(width="360px"))
-        self.w_b = W.Dropdown(options=labels, value=given_b.label(), description="recipe B",
+        self.w_b = W.Dropdown(options=labels, value=lb, description="recipe B",
                               layout=W.Layout(width="360px"))
         self.w_smooth = W.ToggleButtons(options=["none", "k", "kv"], description="smoothing",
                                         style={"button_width": "56px"})
@@ -247,11 +275,18 @@ class SmoothingExplorer:
         self._on_change()
 
     def _on_store(self, change) -> None:
-        try:
-            src = ReplaySource(change["new"], device=self.source.device)
-        except Exception as exc:  # noqa: BLE001 - show it, keep the old store
-            self._set_status(f"cannot open {change['new']}: {exc}", error=True)
-            return
+        src = self._sources.get(change["new"])  # the sources shown so far, in-memory ones too
+        if src is None:
+            try:
+                src = ReplaySource(change["new"], device=self.source.device)
+            except Exception as exc:  # noqa: BLE001 - show it, keep the old store
+                self._set_status(f"cannot open {change['new']}: {exc}", error=True)
+                # the dropdown names the store the figures show
+                self.w_store.unobserve(self._on_store, names="value")
+                self.w_store.value = change["old"]
+                self.w_store.observe(self._on_store, names="value")
+                return
+            self._sources[change["new"]] = src
         self.source = src
         self._cache = {}
         auto, self.w_auto.value = self.w_auto.value, False
@@ -283,9 +318,11 @@ class SmoothingExplorer:
         t0 = time.perf_counter()
         try:
             a, b = self.recipe_a(), self.recipe_b()
-        except ValueError as exc:  # an invalid combination: say which field, keep the old view
+        except ValueError as exc:  # an invalid combination: say which field; the figures of
+            # the previous settings are cleared, not left to be read as these settings'
             self.error = str(exc)
             self._set_status(str(exc), error=True)
+            self._clear(str(exc))
             return float("nan")
         try:
             src = self.source
@@ -300,6 +337,7 @@ class SmoothingExplorer:
                 self.grid = layer_head_grid(src, step, b, heads=heads,
                                             n_queries=self.w_queries.value, dense_policy=policy,
                                             cache=self._cache)
+            self.error = None  # names() reads the recipes that ran from this comparison
             self._draw()
         except Exception as exc:  # noqa: BLE001 - the widget must say what failed, not die
             self.error = f"{type(exc).__name__}: {exc}"
@@ -314,8 +352,27 @@ class SmoothingExplorer:
         return self.last_seconds
 
     def names(self) -> dict[str, str]:
-        a, b = self.recipe_a(), self.recipe_b()
-        return {"A": f"A {a.label()}", "B": f"B {b.label()}"}
+        """{"A": "A <recipe>", "B": ...}: the recipes that ran in the shown comparison (with the
+        dense policy applied, "...@dense_policy"), else the ones the controls give (an invalid
+        combination: its error)."""
+        if self.comparison is not None and self.error is None:
+            return {t: f"{t} {self.comparison.evals[t].recipe.label()}" for t in ("A", "B")}
+        out = {}
+        for t, get in (("A", self.recipe_a), ("B", self.recipe_b)):
+            try:
+                out[t] = f"{t} {get().label()}"
+            except ValueError as exc:
+                out[t] = f"{t} (invalid: {exc})"
+        return out
+
+    def _clear(self, why: str) -> None:
+        """Empty every figure and the readout, saying why (an invalid combination of controls)."""
+        self.comparison = self.grid = None
+        self.w_readout.value = (f'<p class="wb-stale">not computed: {html.escape(why)}</p>')
+        for fw in (self.fig_bars, self.fig_along, self.fig_drift_k, self.fig_drift_v,
+                   self.fig_heat, self.fig_route):
+            fw.data = []
+            fw.layout.title = f"not computed: {why[:90]}"
 
     def _draw(self) -> None:
         with F.template_override("none"):
