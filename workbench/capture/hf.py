@@ -86,6 +86,12 @@ def rotated_channels(config) -> int | None:
     D = head_dim(config)
     if getattr(config, "position_embedding_type", None) == "absolute":
         return 0
+    if getattr(config, "alibi", False):  # ALiBi: a bias on the scores, no rotation (Falcon)
+        return 0
+    if getattr(config, "qk_rope_head_dim", None):
+        # multi-head latent attention (DeepSeek): the rotated channels are the LAST
+        # qk_rope_head_dim of each head, and the workbench's channel split counts leading ones
+        return None
     if getattr(config, "rotary_dim", None):
         return int(config.rotary_dim)
     for key in ("partial_rotary_factor", "rotary_pct"):

@@ -53,7 +53,14 @@ from .storefs import (
     remove_store_files,
     sibling,
 )
-from .validate import attributes_of, entry_problems, group_problems, load_json, root_problems
+from .validate import (
+    BLOCK_NAME,
+    attributes_of,
+    entry_problems,
+    group_problems,
+    load_json,
+    root_problems,
+)
 from .writer import (
     DEFAULT_BUDGET_BYTES,
     DEFAULT_CHUNK_BYTES,
@@ -175,8 +182,17 @@ class Capture:
         self.path = Path(path)
         self.layers = None if layers is None else sorted({int(x) for x in layers})
         self.steps = None if steps is None else sorted({int(x) for x in steps})
-        self.heads = None if heads is None else [int(h) for h in heads]
+        # ascending, once each: the stored q heads and the K/V heads they read (kv_heads,
+        # ascending) then pair by GQA's rule; "5,1" kept in that order paired q head 5 with K/V
+        # head 1
+        self.heads = None if heads is None else sorted({int(h) for h in heads})
+        self._unstorable_seen: set = set()
+        self._repeat_seen: set = set()
         self.query_rows = None if query_rows is None else torch.as_tensor(query_rows).long()
+        if self.query_rows is not None and (self.query_rows.dim() != 1
+                                            or bool((self.query_rows < 0).any())):
+            raise ValueError(f"query_rows: {self.query_rows.tolist()!r}; give a list of row "
+                             "indices >= 0 (a store of negative rows does not open)")
         self.layout = layout
         self.recipe = recipe
         self.seed = seed
@@ -429,6 +445,12 @@ class Capture:
     # recording ------------------------------------------------------------------------------------
     def _handle(self, call: AttentionCall) -> None:
         if self.wants(call.step, call.layer):
+            why = _unstorable(call.q, call.k, call.v, self.query_rows)
+            if why is not None:  # inside the model's forward: skip the call, say so once
+                if call.name not in self._unstorable_seen:
+                    self._unstorable_seen.add(call.name)
+                    warnings.warn(f"capture {call.name}: not stored: {why}", stacklevel=2)
+                return None
             self._submit(call.name, call.layer, call.step, call.q, call.k, call.v,
                          source=call.source, layout=call.layout, kwargs=call.kwargs)
         return None  # never replace: capture leaves the model's computation untouched
@@ -438,6 +460,16 @@ class Capture:
         """Store q, k, v ([B, S, H, D]) under (step, name). Returns False when a resumed store
         already holds the entry complete (nothing is rewritten)."""
         step = self._step if step is None else int(step)
+        for label, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != 4:
+                raise ValueError(f"capture {name}: {label} must be [B, S, H, D], got "
+                                 f"{tuple(t.shape)}")
+        why = _unstorable(q, k, v, self.query_rows)
+        if why is not None:
+            raise ValueError(f"capture {name}: {why}")
+        if layer is None:  # an H3 block's name carries its index (the store's readers ask it)
+            block = BLOCK_NAME.fullmatch(name)
+            layer = int(block[1]) if block else None
         return self._submit(name, layer, step, q, k, v, source="record", layout="BSHD", kwargs={})
 
     def _submit(self, name, layer, step, q, k, v, *, source, layout, kwargs) -> bool:
@@ -445,6 +477,13 @@ class Capture:
         path = entry_path(step, name)
         if path in self._done:
             self.skipped.append(path)
+            if path in self.submitted and path not in self._repeat_seen:
+                # this run stored it already: a second call of one name in one step (a layer
+                # shared across depths, two names one folder) is not stored: say so
+                self._repeat_seen.add(path)
+                warnings.warn(f"capture {name}: a second call stored as {path} in step {step}; "
+                              "only the first is kept (a module called twice per step, or two "
+                              "names that map to one folder)", stacklevel=3)
             return False
         for label, t in (("q", q), ("k", k), ("v", v)):
             if t.dim() != 4:
@@ -493,6 +532,22 @@ class Capture:
         self._done.add(path)
         self.submitted.append(path)
         return True
+
+
+def _unstorable(q, k, v, query_rows) -> str | None:
+    """Why a store could not hold this call's q, k, v ([B, S, H, D]; its readers would refuse
+    the entry), or None."""
+    if tuple(k.shape) != tuple(v.shape):
+        return (f"k {tuple(k.shape)} and v {tuple(v.shape)} differ (e.g. a V head dim of its own, "
+                "as in multi-head latent attention); a capture holds one head dim")
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        return f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim"
+    if q.shape[1] != k.shape[1]:
+        return (f"q has {q.shape[1]} rows and k {k.shape[1]} (cross-attention): a capture holds "
+                "self-attention")
+    if query_rows is not None and query_rows.numel() and int(query_rows.max()) >= q.shape[1]:
+        return f"query_rows reach row {int(query_rows.max())} of a {q.shape[1]}-row sequence"
+    return None
 
 
 def capture(model, path, layers=None, steps=None, heads=None, query_rows=None, **kwargs) -> Capture:

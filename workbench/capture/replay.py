@@ -309,6 +309,26 @@ class CaptureReader:
                 f"array {array!r}: chunk {missing[0]} is missing ({len(missing)} of {len(keys)} "
                 f"recorded chunks gone); its values cannot be read back (zarr would return zeros)"
             )
+        # a chunk swapped for another (of another entry, or an older run) passes its own
+        # crc32c: the one stored with it (its last 4 bytes) must be the one recorded at write
+        # time (4 bytes read per chunk)
+        if isinstance(keys, dict):
+            for k, want in keys.items():
+                if not isinstance(want, int) or isinstance(want, bool):
+                    continue
+                with open(folder / k, "rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    if fh.tell() < 4:
+                        got = None
+                    else:
+                        fh.seek(-4, os.SEEK_END)
+                        got = int.from_bytes(fh.read(4), "little")
+                if got != want:
+                    raise ChecksumError(
+                        f"{self.path}: checksum mismatch in entry {e.path} (step={e.step}, "
+                        f"layer={e.layer}, name={e.name}), array {array!r}, chunk {k}: the "
+                        "crc32c stored with it differs from the one recorded when the entry "
+                        "was written (a corrupt or replaced chunk)")
 
     def _read(self, e: EntryInfo, array: str, selection) -> np.ndarray:
         self._require_chunks(e, array)
@@ -342,13 +362,16 @@ class CaptureReader:
         meta, _ = self.entry_metadata(e)
         q_heads, kv_heads = list(meta["q_heads"]), list(meta["kv_heads"])
         q_sel, kv_sel, kv_expand = slice(None), slice(None), None
+        group = meta["num_heads"] // meta["num_kv_heads"]
+        if heads is None and [h // group for h in q_heads] != [
+                u for u in kv_heads for _ in range(len(q_heads) // max(1, len(kv_heads)))]:
+            heads = q_heads  # stored heads that are not whole groups in order: pair them below
         if heads is not None:
             heads = [int(h) for h in heads]
             missing = [h for h in heads if h not in q_heads]
             if missing:
                 raise KeyError(f"{self.path}: entry {e.path} has no heads {missing}; captured "
                                f"heads: {q_heads}")
-            group = meta["num_heads"] // meta["num_kv_heads"]
             q_sel = [q_heads.index(h) for h in heads]
             need = [kv_heads.index(h // group) for h in heads]  # the K/V head of each q head
             kv_sel = sorted(set(need))

@@ -203,6 +203,22 @@ def entry_problems(attrs: dict, rel: str, entry: str | None = None) -> list[str]
         bad("q_heads", attrs["q_heads"], f"{sq[2]} head ids below num_heads {H}")
     if len(attrs["kv_heads"]) != skv[2] or any(h >= Hkv for h in attrs["kv_heads"]):
         bad("kv_heads", attrs["kv_heads"], f"{skv[2]} head ids below num_kv_heads {Hkv}")
+    if not out and H % Hkv == 0:  # the K/V heads are exactly those the q heads read
+        want = sorted({h // (H // Hkv) for h in attrs["q_heads"]})
+        if sorted(attrs["kv_heads"]) != want:
+            bad("kv_heads", attrs["kv_heads"], f"{want}, the K/V heads of q_heads "
+                f"{attrs['q_heads']} (num_heads {H} / num_kv_heads {Hkv})")
+    # how the replay attends: a wrong type here silently changes it ("false" is truthy)
+    kw = attrs.get("sdpa_kwargs")
+    if kw is not None and not isinstance(kw, dict):
+        bad("sdpa_kwargs", kw, "an object")
+    elif kw:
+        if "is_causal" in kw and not isinstance(kw["is_causal"], bool):
+            bad("sdpa_kwargs.is_causal", kw["is_causal"], "true or false")
+        sc = kw.get("scale")
+        if sc is not None and not (isinstance(sc, (int, float)) and not isinstance(sc, bool)
+                                   and sc > 0 and sc == sc and sc != float("inf")):
+            bad("sdpa_kwargs.scale", sc, "a positive number or null")
     return out
 
 

@@ -1,0 +1,114 @@
+"""Capture stores under misuse (findings of a review, each reproduced first on the tree before
+its fix): heads given out of order pair with their own K/V heads, a swapped chunk is refused by
+readers and by archive, verify faults entry fields that change how a replay attends, a call a
+store cannot hold is refused (record) or skipped with a warning (hooks), a repeated name is
+said, and RoPE channel counts are not guessed for ALiBi or latent attention."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench.capture import capture, open_capture
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "captures" / "demo_h3_nano.zarr"
+
+
+def _qkv(S=32, H=8, Hkv=8, D=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, S, H, D, generator=g), torch.randn(1, S, Hkv, D, generator=g),
+            torch.randn(1, S, Hkv, D, generator=g))
+
+
+def test_heads_out_of_order_pair_with_their_own_kv_heads(tmp_path):
+    """--heads 5,1 stored q as [5, 1] and K/V as [1, 5], so q head 5 met K/V head 1; GQA
+    order 2,3,0,1 likewise. Now the heads are stored ascending and each reads its own."""
+    for H, Hkv, heads in ((8, 8, [5, 1]), (4, 2, [2, 3, 0, 1])):
+        q, k, v = _qkv(H=H, Hkv=Hkv)
+        path = tmp_path / f"h{H}.zarr"
+        with capture(None, path, heads=heads) as cap:
+            cap.record("attn", q, k, v, step=0, layer=0)
+        rq, rk, rv = open_capture(path).qkv(0, "attn")
+        group = rq.shape[2] // rk.shape[2]
+        for i, h in enumerate(sorted(heads)):
+            assert torch.equal(rq[0, :, i], q[0, :, h])
+            assert torch.equal(rk[0, :, i // group], k[0, :, h // (H // Hkv)])
+
+
+def _swapped(tmp_path) -> Path:
+    store = shutil.copytree(SHIPPED, tmp_path / "S.zarr")
+    a = store / "entries/s00004/transformer_blocks.1/k/c/0/0/0/0"
+    b = store / "entries/s00003/transformer_blocks.1/k/c/0/0/0/0"
+    shutil.copy(a, b)  # a valid chunk of another entry, with its own valid crc32c
+    return store
+
+
+def test_a_swapped_chunk_is_refused_by_readers_and_by_archive(tmp_path, capsys):
+    """Before: qkv(3, 1) read the other entry's K silently (table's benefit 4.51% for 28.63%)
+    and `archive` wrote a store that then verified clean."""
+    from workbench.capture.replay import ChecksumError
+    from workbench.cli import main
+
+    store = _swapped(tmp_path)
+    with pytest.raises(ChecksumError, match="s00003/transformer_blocks.1.*chunk"):
+        open_capture(store).qkv(3, 1)
+    assert main(["archive", str(store), str(tmp_path / "a.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert "problem(s) found by `workbench inspect --verify`" in err and "checksum" in err
+    assert not (tmp_path / "a.zarr").exists()
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda a: a["sdpa_kwargs"].update(is_causal="false"), "sdpa_kwargs.is_causal"),
+    (lambda a: a["sdpa_kwargs"].update(scale=-5), "sdpa_kwargs.scale"),
+    (lambda a: a.update(num_heads=a["num_heads"] * 2), "kv_heads"),
+])
+def test_verify_faults_entry_fields_that_change_the_replay(tmp_path, edit, needle):
+    """A string is_causal made the replay causal, a negative scale changed `table`, a doubled
+    num_heads made head selection read another K head: all passed verify before."""
+    store = shutil.copytree(SHIPPED, tmp_path / "S.zarr")
+    meta = store / "entries/s00003/transformer_blocks.1/zarr.json"
+    d = json.loads(meta.read_text())
+    d["attributes"].setdefault("sdpa_kwargs", {})
+    edit(d["attributes"])
+    meta.write_text(json.dumps(d))
+    problems = open_capture(store).verify()
+    assert any(needle in p for p in problems), problems
+
+
+def test_calls_a_store_cannot_hold_are_refused_or_skipped_and_repeats_said(tmp_path):
+    """k and v of different head dims (latent attention), cross-attention and negative query
+    rows wrote stores that did not open; a block's name without layer= too; a second call of
+    one name in one step was dropped without a word."""
+    q, k, v = _qkv()
+    with capture(None, tmp_path / "a.zarr") as cap:
+        with pytest.raises(ValueError, match="k .* and v .* differ"):
+            cap.record("mla", q, k, v[..., :8])
+        with pytest.raises(ValueError, match="cross-attention"):
+            cap.record("cross", q[:, :16], k, v)
+        cap.record("transformer_blocks.1", q, k, v, step=0)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            cap.record("transformer_blocks.1", q, k, v, step=0)
+        assert any("only the first is kept" in str(x.message) for x in w)
+    r = open_capture(tmp_path / "a.zarr")
+    assert r.verify() == [] and r.layers == [1]
+    with pytest.raises(ValueError, match="query_rows"):
+        capture(None, tmp_path / "b.zarr", query_rows=[-1, 2])
+
+
+def test_rope_channels_not_guessed_for_alibi_or_latent_attention():
+    from types import SimpleNamespace
+
+    from workbench.capture.hf import rotated_channels
+
+    base = dict(hidden_size=64, num_attention_heads=4, rope_theta=10000.0)
+    assert rotated_channels(SimpleNamespace(**base)) == 16
+    assert rotated_channels(SimpleNamespace(**base, alibi=True)) == 0
+    assert rotated_channels(SimpleNamespace(**base, qk_rope_head_dim=8)) is None
