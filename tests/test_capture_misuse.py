@@ -112,3 +112,22 @@ def test_rope_channels_not_guessed_for_alibi_or_latent_attention():
     assert rotated_channels(SimpleNamespace(**base)) == 16
     assert rotated_channels(SimpleNamespace(**base, alibi=True)) == 0
     assert rotated_channels(SimpleNamespace(**base, qk_rope_head_dim=8)) is None
+
+
+def test_each_entry_replays_with_its_own_recorded_causal_flag(tmp_path):
+    """An encoder-decoder's entries differ (the decoder's self-attention is causal); before, the
+    first entry's flag was applied to every entry of the store."""
+    from workbench.evaluate import ReplaySource, evaluate_entry
+
+    store = shutil.copytree(SHIPPED, tmp_path / "S.zarr")
+    meta = store / "entries/s00007/transformer_blocks.1/zarr.json"
+    d = json.loads(meta.read_text())
+    d["attributes"]["sdpa_kwargs"] = {**(d["attributes"].get("sdpa_kwargs") or {}),
+                                      "is_causal": True}
+    meta.write_text(json.dumps(d))
+    src = ReplaySource(store, device="cpu")
+    got = {la: evaluate_entry(src, 7, la, {"r": "fp8_dense"}, heads=[0], n_queries=8).causal
+           for la in (0, 1)}
+    assert got == {0: False, 1: True}
+    forced = ReplaySource(store, device="cpu", causal=False)  # the caller's choice wins
+    assert evaluate_entry(forced, 7, 1, {"r": "fp8_dense"}, heads=[0], n_queries=8).causal is False

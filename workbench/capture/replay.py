@@ -225,13 +225,16 @@ class CaptureReader:
                 pass  # no entries and no layout: nothing to check against
         return problems
 
-    def attention_call(self) -> dict:
+    def attention_call(self, step: int | None = None, layer: int | str | None = None) -> dict:
         """How the model attended: {"causal", "scale", "mask_shape"}. The store's own attributes
         (``causal``, ``softmax_scale``, written by ``workbench import``) win; else the SDPA
-        arguments recorded with the first complete entry (a transformers decoder passes
-        ``is_causal=True``); else non-causal, scale 1/sqrt(D) (None)."""
+        arguments recorded with the entry at (step, layer) (default: the first complete one; an
+        encoder-decoder's entries differ: the decoder passes ``is_causal=True``); else
+        non-causal, scale 1/sqrt(D) (None)."""
         sdpa, mask = {}, None
         done = self.entries(False)
+        if layer is not None:
+            done = [self.find(step, layer)]
         if done:
             attrs, _ = self.entry_metadata(done[0])
             sdpa, mask = dict(attrs.get("sdpa_kwargs") or {}), attrs.get("attn_mask_shape")

@@ -258,10 +258,14 @@ def evaluate_entry(source, step, layer, recipes: dict[str, AttentionRecipe | str
     heads = list(heads) if heads is not None else list(source.heads)
     recipes = {name: entry_recipe(r, step, layer)[0] for name, r in recipes.items()}
     q, k, v = source.qkv(step, layer, heads)
+    if hasattr(source, "call_at"):  # the entry's own causal flag and scale
+        causal, scale = source.call_at(step, layer)
+    else:
+        causal, scale = getattr(source, "causal", False), getattr(source, "scale", None)
     return evaluate(q, k, v, recipes, layout=source.layout, n_queries=n_queries, heads=heads,
                     rotated=source.rotated, step=step if dense_policy else None,
                     layer=layer if dense_policy else None, progress=progress, cache=cache,
-                    causal=getattr(source, "causal", False), scale=getattr(source, "scale", None))
+                    causal=causal, scale=scale)
 
 
 def layer_head_grid(

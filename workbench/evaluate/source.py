@@ -98,6 +98,7 @@ class ReplaySource:
         self.causal = call["causal"] if causal is None else bool(causal)
         self.scale = call["scale"] if scale is None else scale
         self.mask_shape = call["mask_shape"]
+        self._given = (causal, scale)  # the caller's choices win over each entry's record
 
     def describe(self) -> str:
         rot = (f"rotated channels {self.rotated}" if self.rotated is not None
@@ -109,6 +110,16 @@ class ReplaySource:
         return (f"{self.name}: steps {self.steps}, layers {self.layers}, heads {self.heads}, "
                 f"{self.layout.total:,} rows ({self.layout.describe()}), {rot}, {mask} "
                 f"replay{scale}{note}")
+
+    def call_at(self, step, layer) -> tuple[bool, float | None]:
+        """(causal, scale) of the entry at (step, layer): its own recorded SDPA arguments (an
+        encoder-decoder's entries differ), unless the caller gave them."""
+        if self.cap is None:
+            return self.causal, self.scale
+        call = self.cap.attention_call(step, layer)
+        causal, scale = self._given
+        return (call["causal"] if causal is None else bool(causal),
+                call["scale"] if scale is None else scale)
 
     def has(self, step, layer) -> bool:
         """Whether the source holds a complete entry at (step, layer) (a store may lack some
