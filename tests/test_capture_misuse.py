@@ -131,3 +131,15 @@ def test_each_entry_replays_with_its_own_recorded_causal_flag(tmp_path):
     assert got == {0: False, 1: True}
     forced = ReplaySource(store, device="cpu", causal=False)  # the caller's choice wins
     assert evaluate_entry(forced, 7, 1, {"r": "fp8_dense"}, heads=[0], n_queries=8).causal is False
+
+
+def test_verify_faults_a_recipe_this_release_cannot_read(tmp_path):
+    store = shutil.copytree(SHIPPED, tmp_path / "S.zarr")
+    meta = store / "zarr.json"
+    d = json.loads(meta.read_text())
+    d["attributes"]["recipe"] = json.dumps({"name": "x", "smoothing": "sideways"})
+    meta.write_text(json.dumps(d))
+    from workbench.capture.schema import MetadataError
+
+    with pytest.raises(MetadataError, match="recipe cannot be read as a recipe"):
+        open_capture(store)

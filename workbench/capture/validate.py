@@ -136,12 +136,18 @@ def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
                   isinstance(a[key], _NUM) and not isinstance(a[key], bool) and a[key] > 0)
             if not ok:
                 out.append(f"{rel}: {key} is {a[key]!r}, expected {want}")
-    if isinstance(a.get("recipe"), str):
+    if isinstance(a.get("recipe"), str) and a["recipe"] != "native":
         try:
             json.loads(a["recipe"])
         except ValueError:
-            if a["recipe"] != "native":
-                out.append(f"{rel}: recipe is not a JSON recipe spec")
+            out.append(f"{rel}: recipe is not a JSON recipe spec")
+        else:
+            from workbench.recipes import get_recipe
+
+            try:  # JSON that is no recipe (or plan) this release reads
+                get_recipe(a["recipe"])
+            except (ValueError, TypeError, KeyError) as exc:
+                out.append(f"{rel}: recipe cannot be read as a recipe ({str(exc)[:160]})")
     return out
 
 
