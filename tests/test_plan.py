@@ -328,3 +328,42 @@ def test_dense_policy_scans_still_pair_the_smoothing_twins(tmp_path):
     hurts = v_centring_hurts(ds)
     assert list(hurts) == [labels[2]] and hurts[labels[2]].shape == (2, 1)
     assert not hurts[labels[2]][0, 0]  # step 0: both BF16 under the policy, no difference
+
+
+def test_plan_fallback_defaults_and_scan_report_checks(crafted, tmp_path):
+    """The fallback runs its own numerics in a scan without --dense-policy (before: fp8_sol_k
+    kept its dense steps, so the plan's "fp8_sol_k" entries ran BF16); plan options name their
+    flag; scan-report refuses an unfinished scan (its medians were of a part, benefits 0 / 0)
+    and a plan from another capture; the plan's grid points come only from the scanned capture."""
+    import zarr
+
+    from workbench.evaluate.planning import _capture_grid
+    from workbench.evaluate.scan import run_scan
+    from workbench.evaluate.scan_store import store_fingerprint
+    from workbench.report.scan_report import write_scan_report
+
+    plan = derive_plan(crafted, PlanRule("min_sqnr", 60.0, fallback="fp8_sol_k"))
+    assert plan.at(1, 2).sparsity == "sol"  # not the dense policy's BF16
+    for kw, flag in ((dict(fallback="nope"), "--fallback 'nope'"),):
+        with pytest.raises(ValueError, match=flag):
+            derive_plan(crafted, PlanRule("min_sqnr", 30.0, **kw))
+    with pytest.raises(ValueError, match="--default 'nope'"):
+        derive_plan(crafted, PlanRule("min_sqnr", 30.0), default="nope")
+    store = ROOT / "captures" / "demo_h3_nano.zarr"
+    from workbench.capture import open_capture
+
+    right = store_fingerprint(open_capture(store))
+    assert _capture_grid(str(store), "not-this-one") == {}
+    assert _capture_grid(str(store), right) == _capture_grid(str(store))
+    path = tmp_path / "s.scan.zarr"
+    ds, _ = run_scan(store, "fp8_dense,fp8_dense_k", out=path, steps=[7], layers=[1, 2],
+                     n_queries=16, scheduler="synchronous", progress=False, device="cpu")
+    other = {**PLAN, "source": {"store_id": "0123456789abcdef", "scan": "elsewhere"}}
+    with pytest.raises(ValueError, match="planned from another capture"):
+        write_scan_report(path, tmp_path / "r1", plan=other, formats=("html",))
+    with pytest.raises(ValueError, match="--plan .*missing.json"):
+        write_scan_report(path, tmp_path / "r2", plan=str(tmp_path / "missing.json"),
+                          formats=("html",))
+    zarr.open_group(str(path))["done"][0, 1, 0] = 0  # as a scan killed before its last task
+    with pytest.raises(ValueError, match="1 of 4 .* tasks are not done"):
+        write_scan_report(path, tmp_path / "r3", formats=("html",))

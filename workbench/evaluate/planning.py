@@ -127,16 +127,22 @@ def _prefix_fraction(ds) -> float:
     return layout.prefix_len / layout.total if layout.total else 0.0
 
 
-def _capture_grid(store: str) -> dict:
+def _capture_grid(store: str, store_id: str | None = None) -> dict:
     """{"grid_points": N} of the scanned capture's sampling schedule when its store records it
     (a plan's step indices mean those grid points; ``generate`` notes a run on another grid),
-    else {} (a capture of another model, or a store no longer at its path)."""
-    import json
-    from pathlib import Path
+    else {} (a capture of another model, a store no longer at its path, or another store there
+    now: its fingerprint is not the scan's store_id)."""
+    from workbench.capture import open_capture
 
     try:
-        attrs = json.loads((Path(store) / "zarr.json").read_text()).get("attributes", {})
-    except (OSError, ValueError, AttributeError):
+        cap = open_capture(store)
+        attrs = cap.attrs
+        if store_id is not None:
+            from .scan_store import store_fingerprint
+
+            if store_fingerprint(cap) != store_id:
+                return {}
+    except Exception:  # noqa: BLE001 - no readable capture there: the grid is unknown
         return {}
     n = attrs.get("sampling_grid_points")
     return {"grid_points": n} if isinstance(n, int) and not isinstance(n, bool) else {}
@@ -150,8 +156,10 @@ def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None =
         raise ScanError(f"{ds.attrs.get('path', 'scan')}: {missing} (entry, recipe) tasks are "
                         "not done; finish the scan (run it again: it resumes) before planning")
     labels = [str(x) for x in ds.recipe.values]
-    fallback = get_recipe(rule.fallback)
-    default_recipe = get_recipe(default) if default else fallback
+    fallback = _flag_recipe(rule.fallback, "--fallback")
+    default_recipe = _flag_recipe(default, "--default") if default else fallback
+    if not ds.attrs["params"]["dense_policy"]:  # as the scanned recipes: their own numerics
+        fallback = fallback.with_(dense_steps=0, dense_layers=0)
     hurts = v_centring_hurts(ds) if rule.v_centring_guard else {}
     pf = _prefix_fraction(ds)
     if rule.reduce == "entry":
@@ -196,7 +204,7 @@ def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None =
                 "n_queries": ds.attrs["params"]["n_queries"],
                 "heads": ds.attrs["params"]["heads"],
                 "dense_policy": ds.attrs["params"]["dense_policy"],
-                **_capture_grid(ds.attrs["params"]["store"])},
+                **_capture_grid(ds.attrs["params"]["store"], ds.attrs["params"]["store_id"])},
         expected_cost={
             "relative_to_bf16": float(np.mean(costs)),
             "entries": len(entries),
@@ -217,8 +225,25 @@ def _uniform_costs(ds, lab, density, pf):
                                               prefix_fraction=pf))
 
 
+def _flag_recipe(spec, flag: str) -> AttentionRecipe:
+    """get_recipe(spec) for a plan option, naming the flag; a plan is refused (one recipe)."""
+    from workbench.recipes import RecipePlan
+
+    try:
+        r = get_recipe(spec)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ValueError(f"{flag} {spec!r}: {exc}") from None
+    if isinstance(r, RecipePlan):
+        raise ValueError(f"{flag} {spec!r}: a plan; give one recipe")
+    return r
+
+
 def _choose(step, layer, cands, rule: PlanRule, fallback, label_of) -> PlanEntry:
-    """cands: [(label, recipe, cost, sqnr, excluded)] -> the PlanEntry the rule picks."""
+    """cands: [(label, recipe, cost, sqnr, excluded)] -> the PlanEntry the rule picks. The
+    fallback, when the scan measured its numerics here, is that candidate (its label and its
+    cost at the measured density)."""
+    fb = next((c for c in cands if _same_numerics(c[1], fallback)), None)
+    fb_recipe, fb_cost = (fb[1], fb[2]) if fb else (fallback, relative_cost(fallback))
     ok = [c for c in cands if not c[4] and np.isfinite(c[2]) and not np.isnan(c[3])]
     guard = [c[0] for c in cands if c[4]]
     why_guard = f"; V centring hurts here, not a candidate: {', '.join(guard)}" if guard else ""
@@ -231,12 +256,11 @@ def _choose(step, layer, cands, rule: PlanRule, fallback, label_of) -> PlanEntry
         best = max(ok, key=lambda c: c[3]) if ok else None
         best_txt = f" (best: {best[0]} at {best[3]:.2f} dB)" if best else ""
         note = f"no recipe reaches {rule.budget:g} dB{best_txt}: {rule.fallback}{why_guard}"
-        return PlanEntry(step, layer, label_of(fallback, rule.fallback),
-                         relative_cost(fallback), note)
+        return PlanEntry(step, layer, label_of(fb_recipe, rule.fallback), fb_cost, note)
     within = [c for c in ok if c[2] <= rule.budget]
     if not ok:
-        return PlanEntry(step, layer, label_of(fallback, rule.fallback),
-                         relative_cost(fallback), f"no candidate: {rule.fallback}{why_guard}")
+        return PlanEntry(step, layer, label_of(fb_recipe, rule.fallback), fb_cost,
+                         f"no candidate: {rule.fallback}{why_guard}")
     if within:
         lab, r, cost, q, _ = max(within, key=lambda c: (c[3], -c[2]))
         note = f"cost {cost:.3f} <= {rule.budget:g}; highest SQNR ({q:.2f} dB){why_guard}"

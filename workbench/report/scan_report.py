@@ -27,10 +27,22 @@ def write_scan_report(scan, out, *, plan=None, formats=("png", "svg", "html"),
     t0 = time.perf_counter()
     out = Path(out)
     ds = open_scan(scan)
+    if not bool(ds.done.all()):  # its medians and benefits would be of a part of the scan
+        missing = int((~ds.done).sum())
+        raise ValueError(f"{scan}: {missing} of {ds.done.size} (entry, recipe) tasks are not "
+                         "done; finish the scan (run it again: it resumes) before reporting it")
     if plan is not None and not isinstance(plan, RecipePlan):
-        plan = get_recipe(plan)
+        try:
+            plan = get_recipe(plan)
+        except (ValueError, FileNotFoundError) as exc:
+            raise ValueError(f"--plan {plan}: {exc}") from None
         if not isinstance(plan, RecipePlan):
             raise ValueError("--plan: not a plan JSON (no 'workbench_plan' key)")
+    src_id = (plan.source or {}).get("store_id") if plan is not None else None
+    if src_id is not None and src_id != ds.attrs["params"]["store_id"]:
+        raise ValueError(f"--plan {plan.name!r}: planned from another capture (store_id "
+                         f"{src_id}, scan {(plan.source or {}).get('scan')}), not the one this "
+                         f"scan read ({ds.attrs['params']['store_id']}); draw it with its own scan")
     figs = scan_figures(ds, recipe=recipe, step=step, plan=plan)
     written = write_figures(figs, out / "figures", formats=formats)
     p = ds.attrs["params"]
