@@ -112,3 +112,14 @@ def test_synthetic_config_refuses_what_it_would_silently_change():
     with pytest.raises(ValueError, match=r"video_grid: \(2, 2, 2\) holds 8 rows"):
         replace(H3_SYNTHETIC, video_grid=(2, 2, 2))
     assert small_config(256, rotated=60).rotated == 60
+
+
+def test_evaluate_takes_inference_tensors():
+    """Inference tensors have no version counter: evaluated without the cache (the version-keyed
+    cache first made evaluate raise on them)."""
+    with torch.inference_mode():
+        q, k, v = _qkv()
+    a = evaluate(q, k, v, {"r": "fp8_dense"}, n_queries=16, cache={})
+    b = evaluate(q, k, v, {"r": "fp8_dense"}, n_queries=16, cache={})
+    assert a.evals["r"].overall["attention_output"]["mse"] == \
+        b.evals["r"].overall["attention_output"]["mse"] > 0

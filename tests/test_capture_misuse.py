@@ -60,7 +60,7 @@ def test_a_swapped_chunk_is_refused_by_readers_and_by_archive(tmp_path, capsys):
         open_capture(store).qkv(3, 1)
     assert main(["archive", str(store), str(tmp_path / "a.zarr")]) == 2
     err = capsys.readouterr().err
-    assert "problem(s) found by `workbench inspect --verify`" in err and "checksum" in err
+    assert "checksum mismatch" in err and "s00003/transformer_blocks.1" in err
     assert not (tmp_path / "a.zarr").exists()
 
 
@@ -143,3 +143,60 @@ def test_verify_faults_a_recipe_this_release_cannot_read(tmp_path):
 
     with pytest.raises(MetadataError, match="recipe cannot be read as a recipe"):
         open_capture(store)
+
+
+def test_archive_skips_incomplete_entries_and_scans_follow_each_entry(tmp_path, capsys):
+    """An interrupted capture (an entry still 'writing') is archived without it (a full verify
+    pass first refused it); a scan replays each entry with its own causal flag, as reports do;
+    a GQA store scans (its K/V boundaries: one value per K/V head, shown per query head); an
+    empty head list is named; a mark through a linked --out folder sees the files written."""
+    from workbench.capture.archive import archive_store
+    from workbench.cli_args import WRITING_MARK, writing_mark
+    from workbench.evaluate import ReplaySource, evaluate_entry
+    from workbench.evaluate.scan import run_scan
+
+    store = shutil.copytree(SHIPPED, tmp_path / "S.zarr")
+    meta = store / "entries/s00002/transformer_blocks.0/zarr.json"
+    d = json.loads(meta.read_text())
+    d["attributes"]["status"] = "writing"
+    meta.write_text(json.dumps(d))
+    r = archive_store(store, tmp_path / "a.zarr")
+    assert r["skipped_incomplete"] == ["entries/s00002/transformer_blocks.0"]
+
+    meta = store / "entries/s00007/transformer_blocks.1/zarr.json"
+    d = json.loads(meta.read_text())
+    d["attributes"]["sdpa_kwargs"] = {**(d["attributes"].get("sdpa_kwargs") or {}),
+                                      "is_causal": True}
+    meta.write_text(json.dumps(d))
+    ds, _ = run_scan(store, "fp8_dense,bf16", out=tmp_path / "s.scan.zarr", steps=[7],
+                     layers=[0, 1], heads=[0], n_queries=16, scheduler="synchronous",
+                     progress=False, device="cpu")
+    src = ReplaySource(store, device="cpu")
+    for li, la in enumerate((0, 1)):
+        want = evaluate_entry(src, 7, la, {"r": "fp8_dense"}, heads=[0], n_queries=16)
+        got = float(ds.entry_metrics.sel(metric="attention_output_mse").values[0, li, 0])
+        assert got == pytest.approx(want.evals["r"].overall["attention_output"]["mse"],
+                                    rel=1e-9), la
+
+    g = torch.Generator().manual_seed(1)
+    torch.save({"q": torch.randn(64, 8, 32, generator=g), "k": torch.randn(64, 2, 32, generator=g),
+                "v": torch.randn(64, 2, 32, generator=g)}, tmp_path / "g.pt")
+    from workbench.cli import main
+
+    assert main(["import", str(tmp_path / "g.pt"), "--out", str(tmp_path / "g.zarr"),
+                 "--quiet"]) == 0
+    ds, _ = run_scan(tmp_path / "g.zarr", "fp8_dense,fp8_dense_k", out=tmp_path / "g.scan.zarr",
+                     n_queries=16, scheduler="synchronous", progress=False, device="cpu")
+    kq = ds.head_metrics.sel(metric="quanted_k_mse").isel(step=0, layer=0, recipe=0).values
+    assert kq.shape == (8,) and kq[0] == kq[3] and kq[4] == kq[7]
+    with pytest.raises(ValueError, match="heads: an empty list"):
+        open_capture(tmp_path / "g.zarr").qkv(0, 0, heads=[])
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(KeyboardInterrupt):
+        with writing_mark(tmp_path / "link", "report"):
+            (real / "report.md").write_text("half\n")
+            raise KeyboardInterrupt
+    assert (real / WRITING_MARK).is_file()

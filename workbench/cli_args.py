@@ -175,8 +175,6 @@ def _holds(path: Path) -> bool:
 # for the command it names and only for files written after it was made (a run that failed
 # before writing anything removes it), so a user's older files beside it stay protected.
 WRITING_MARK = ".workbench-writing"
-# a file's time may lag time.time() by the kernel's coarse clock tick (a few ms)
-_MARK_SLACK_S = 0.1
 
 
 def _read_mark(folder: Path) -> dict | None:
@@ -187,43 +185,43 @@ def _read_mark(folder: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _files_under(path: Path, limit: int = 10000):
-    """The files at or under `path` (a file, or a folder walked without following links)."""
-    if path.is_file() or path.is_symlink():
-        yield path
-        return
-    n = 0
+_WALK_LIMIT = 10000
+
+
+def _files_under(path: Path):
+    """(the files at or under `path`, without following links inside it, at most _WALK_LIMIT;
+    whether the walk stopped at the limit). A link to a folder is walked (an --out may be one)."""
+    if not path.is_dir():
+        return [path], False
+    out = []
     for root, _, files in os.walk(path):
         for f in files:
-            n += 1
-            if n > limit:
-                return
-            yield Path(root) / f
+            if len(out) >= _WALK_LIMIT:
+                return out, True
+            out.append(Path(root) / f)
+    return out, False
+
+
+def _mtime(f: Path) -> float | None:
+    try:
+        return f.lstat().st_mtime
+    except OSError:
+        return None
 
 
 def _wrote_since(path: Path, t0: float) -> bool:
-    """Whether some file under `path` (other than the mark) was modified at or after t0."""
-    for f in _files_under(path):
-        if f.name == WRITING_MARK:
-            continue
-        try:
-            if f.lstat().st_mtime >= t0 - _MARK_SLACK_S:
-                return True
-        except OSError:
-            continue
-    return False
+    """Whether some file under `path` (other than the mark) was modified at or after t0 (a
+    folder too big to walk counts as written: the mark is kept)."""
+    files, truncated = _files_under(path)
+    return truncated or any(f.name != WRITING_MARK and (_mtime(f) or -1.0) >= t0 for f in files)
 
 
 def _all_written_since(path: Path, t0: float) -> bool:
-    """Whether every file under `path` was modified at or after t0 (a file the marked run wrote),
-    none before it (a user's file, or an older result's)."""
-    for f in _files_under(path):
-        try:
-            if f.lstat().st_mtime < t0 - _MARK_SLACK_S:
-                return False
-        except OSError:
-            return False
-    return True
+    """Whether every file under `path` was modified at or after t0 (a file the marked run
+    wrote), none before it (a user's file, or an older result's); a walk cut short: False."""
+    files, truncated = _files_under(path)
+    return not truncated and all((_mtime(f) if _mtime(f) is not None else -1.0) >= t0
+                                 for f in files)
 
 
 @contextlib.contextmanager
@@ -242,6 +240,13 @@ def writing_mark(out, command: str):
         started = min(started, float(old["started_unix"]))
     mark.write_text(json.dumps({"command": command, "pid": os.getpid(),
                                 "started_unix": started}))
+    # the files' clock and rounding, not time.time(): a network filesystem's clock may differ,
+    # another rounds times to seconds
+    t_run = mark.stat().st_mtime
+    if old is None or old.get("command") != command:
+        started = t_run
+        mark.write_text(json.dumps({"command": command, "pid": os.getpid(),
+                                    "started_unix": started}))
     try:
         yield
     except BaseException:

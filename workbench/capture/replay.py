@@ -371,6 +371,9 @@ class CaptureReader:
             heads = q_heads  # stored heads that are not whole groups in order: pair them below
         if heads is not None:
             heads = [int(h) for h in heads]
+            if not heads:
+                raise ValueError(f"{self.path}: heads: an empty list; give query head ids or "
+                                 "None (all)")
             missing = [h for h in heads if h not in q_heads]
             if missing:
                 raise KeyError(f"{self.path}: entry {e.path} has no heads {missing}; captured "

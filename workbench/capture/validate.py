@@ -146,7 +146,7 @@ def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
 
             try:  # JSON that is no recipe (or plan) this release reads
                 get_recipe(a["recipe"])
-            except (ValueError, TypeError, KeyError) as exc:
+            except (ValueError, TypeError, KeyError, OverflowError) as exc:
                 out.append(f"{rel}: recipe cannot be read as a recipe ({str(exc)[:160]})")
     return out
 

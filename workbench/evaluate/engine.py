@@ -118,10 +118,12 @@ class Comparison:
         return out
 
 
-def _tensor_key(t: torch.Tensor) -> tuple:
+def _tensor_key(t: torch.Tensor) -> tuple | None:
     """What a cached result of tensor t depends on: its identity, its version counter (bumped by
     every in-place write, so an edited tensor is not taken for its old values), its memory and
-    view."""
+    view. None for an inference tensor (it has no version counter): not cached."""
+    if t.is_inference():
+        return None
     return (id(t), t._version, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
@@ -134,7 +136,10 @@ class _ReferenceCache:
         self._store: dict = {}
 
     def get(self, q, k, v, idx, causal=False, scale=None) -> torch.Tensor:
-        key = (*map(_tensor_key, (q, k, v)), tuple(idx.tolist()), causal, scale)
+        tkeys = tuple(map(_tensor_key, (q, k, v)))
+        if None in tkeys:  # inference tensors: computed each time
+            return dense_attention_f64(q, k, v, query_index=idx, causal=causal, scale=scale)[0]
+        key = (*tkeys, tuple(idx.tolist()), causal, scale)
         if key not in self._store:
             if len(self._store) >= self.size:
                 self._store.pop(next(iter(self._store)))
@@ -197,14 +202,17 @@ def evaluate(
         if progress:
             progress(i, n, f"recipe {name}")
         r = get_recipe(r)
-        key = (*map(_tensor_key, (q, k, v)), r.to_json(), tuple(idx.tolist()), step, layer,
+        tkeys = tuple(map(_tensor_key, (q, k, v)))
+        key = (*tkeys, r.to_json(), tuple(idx.tolist()), step, layer,
                rotated, causal, scale, json.dumps(layout.to_dict(), sort_keys=True))
-        if cache is not None and key in cache:
+        if None in tkeys:
+            key = None  # inference tensors: not cached
+        if cache is not None and key is not None and key in cache:
             evals[name] = dataclasses.replace(cache[key][0], name=name)
             continue
         evals[name] = _evaluate_one(name, r, q, k, v, ref, idx, layout, rotated, step, layer,
                                     causal, scale)
-        if cache is not None:
+        if cache is not None and key is not None:
             if len(cache) > 256:
                 cache.clear()
             # Holding q/k/v keeps their ids from being reused by other tensors while cached.

@@ -149,7 +149,10 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
         for m in METRICS:
             i = _METRIC_INDEX[f"{b}_{m}"]
             entry[i] = e.overall[b][m]
-            head[:, i] = e.heads[b][m]
+            vals = np.asarray(e.heads[b][m], dtype=float)
+            if vals.shape[0] != len(heads):  # a K / V boundary under GQA: its group's value
+                vals = np.repeat(vals, len(heads) // vals.shape[0])
+            head[:, i] = vals
     entry[_METRIC_INDEX["exact_fraction"]] = e.exact_fraction
     for key, val in e.drift_summary.items():
         # channel groups the store's rotated count leaves empty (or "all": split unknown) have
@@ -346,6 +349,7 @@ class EntryJobs:
     read: object
     heads: list[int]  # the captured query head ids the read holds
     tasks: dict  # {(si, li, ri): kwargs}
+    call: tuple | None = None  # (causal, scale) the entry recorded
 
 
 def build_jobs(cap, params: ScanParams, ds, todo: list[tuple[int, int, int]]) -> list[EntryJobs]:
@@ -378,12 +382,16 @@ def build_jobs(cap, params: ScanParams, ds, todo: list[tuple[int, int, int]]) ->
             read = dask.delayed(_qkv_arrays, pure=True)(
                 q, k, v, dask_key_name=f"read-{params.store_id}-s{step}-l{layer}")
             jobs[(si, li)] = EntryJobs((si, li), read, have, {})
+            # the entry's own recorded SDPA arguments (an encoder-decoder's entries differ)
+            call = cap.attention_call(step, layer)
+            jobs[(si, li)].call = (bool(call["causal"]), call["scale"])
+        causal, scale = jobs[(si, li)].call or (params.causal, params.softmax_scale)
         jobs[(si, li)].tasks[(si, li, ri)] = dict(
             store_id=params.store_id, step=step, layer=layer,
             captured_heads=jobs[(si, li)].heads,
             heads=list(params.heads), spec=params.recipe_specs[ri], layout=layout,
             rotated=rotated, n_queries=params.n_queries, dense_policy=params.dense_policy,
-            causal=params.causal, scale=params.softmax_scale, device=params.device)
+            causal=causal, scale=scale, device=params.device)
     return list(jobs.values())
 
 

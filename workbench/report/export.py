@@ -153,8 +153,8 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     src = ReplaySource(store, device=device, causal=causal)
     step = src.steps[-1] if step is None else step
     layer = src.layers[-1] if layer is None else layer
-    heads = (list(src.heads) if heads == "all" else list(heads) if heads is not None
-             else src.heads[:4])
+    heads = (list(src.heads) if isinstance(heads, str) and heads == "all"
+             else list(heads) if heads is not None else src.heads[:4])
     # a plan runs its recipe of this entry (its own numerics, as every recipe here)
     (a, note_a), (b, note_b) = (entry_recipe(r, step, layer) for r in (recipe_a, recipe_b))
     for flag, note in (("A", note_a), ("B", note_b)):

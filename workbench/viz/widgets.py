@@ -130,7 +130,9 @@ class SmoothingExplorer:
             la, lb = f"{la} [A]", f"{lb} [B]"
         self._choices = {la: given_a, lb: given_b}
         self._choices.update({n: r for n, r in PRESETS.items() if n not in self._choices})
-        self._sources = {str(src.path) if src.path else src.name: src}
+        # an in-memory source cannot be reopened by its name: kept to switch back to (a store
+        # is reopened instead, so that its cached tensors are freed when left)
+        self._sources = {src.name: src} if src.path is None else {}
         self._loaded: dict = {}  # control values as loaded from B's base recipe
 
         st = W.Layout(width="auto")
@@ -286,7 +288,6 @@ class SmoothingExplorer:
                 self.w_store.value = change["old"]
                 self.w_store.observe(self._on_store, names="value")
                 return
-            self._sources[change["new"]] = src
         self.source = src
         self._cache = {}
         auto, self.w_auto.value = self.w_auto.value, False
@@ -392,6 +393,8 @@ class SmoothingExplorer:
                          (self.fig_heat, "heatmap_output_mse_b")):
             if name in figs:
                 _update_in_place(fw, figs[name][0])
+        if "heatmap_output_mse_b" not in figs:  # the per-head grid is off (heatmap=False)
+            _update_in_place(self.fig_heat, go.Figure(layout=dict(title="per-head grid off")))
         route = figs.get("routing_map", (None,))[0]
         if route is None:
             route = go.Figure(layout=dict(title="dense recipes: every block exact"))
