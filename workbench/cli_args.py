@@ -14,7 +14,6 @@ import json
 import os
 import re
 import tempfile
-import time
 from pathlib import Path
 
 MAX_LIST = 100_000  # longest list a range may expand to (a typo like 0-9999999999 is an error)
@@ -220,8 +219,7 @@ def _all_written_since(path: Path, t0: float) -> bool:
     """Whether every file under `path` was modified at or after t0 (a file the marked run
     wrote), none before it (a user's file, or an older result's); a walk cut short: False."""
     files, truncated = _files_under(path)
-    return not truncated and all((_mtime(f) if _mtime(f) is not None else -1.0) >= t0
-                                 for f in files)
+    return not truncated and all((_mtime(f) or -1.0) >= t0 for f in files)
 
 
 @contextlib.contextmanager
@@ -234,19 +232,14 @@ def writing_mark(out, command: str):
     out.mkdir(parents=True, exist_ok=True)
     mark = out / WRITING_MARK
     old = _read_mark(out)
-    started = t_run = time.time()
+    mark.write_text("{}")  # its time is the run's start on the files' own clock and rounding (a
+    # network filesystem's clock may differ from time.time(), another rounds to seconds)
+    t_run = started = mark.stat().st_mtime
     if old is not None and old.get("command") == command and \
             isinstance(old.get("started_unix"), (int, float)):
         started = min(started, float(old["started_unix"]))
     mark.write_text(json.dumps({"command": command, "pid": os.getpid(),
                                 "started_unix": started}))
-    # the files' clock and rounding, not time.time(): a network filesystem's clock may differ,
-    # another rounds times to seconds
-    t_run = mark.stat().st_mtime
-    if old is None or old.get("command") != command:
-        started = t_run
-        mark.write_text(json.dumps({"command": command, "pid": os.getpid(),
-                                    "started_unix": started}))
     try:
         yield
     except BaseException:

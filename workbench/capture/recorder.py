@@ -460,10 +460,6 @@ class Capture:
         """Store q, k, v ([B, S, H, D]) under (step, name). Returns False when a resumed store
         already holds the entry complete (nothing is rewritten)."""
         step = self._step if step is None else int(step)
-        for label, t in (("q", q), ("k", k), ("v", v)):
-            if t.dim() != 4:
-                raise ValueError(f"capture {name}: {label} must be [B, S, H, D], got "
-                                 f"{tuple(t.shape)}")
         why = _unstorable(q, k, v, self.query_rows)
         if why is not None:
             raise ValueError(f"capture {name}: {why}")
@@ -485,10 +481,6 @@ class Capture:
                               "only the first is kept (a module called twice per step, or two "
                               "names that map to one folder)", stacklevel=3)
             return False
-        for label, t in (("q", q), ("k", k), ("v", v)):
-            if t.dim() != 4:
-                raise ValueError(f"capture {name}: {label} must be [B, S, H, D], got "
-                                 f"{tuple(t.shape)}")
         B, S, H, D = q.shape
         Hkv = k.shape[2]
         group = H // Hkv if Hkv else 1
@@ -537,6 +529,9 @@ class Capture:
 def _unstorable(q, k, v, query_rows) -> str | None:
     """Why a store could not hold this call's q, k, v ([B, S, H, D]; its readers would refuse
     the entry), or None."""
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            return f"{label} must be [B, S, H, D], got {tuple(t.shape)}"
     if tuple(k.shape) != tuple(v.shape):
         return (f"k {tuple(k.shape)} and v {tuple(v.shape)} differ (e.g. a V head dim of its own, "
                 "as in multi-head latent attention); a capture holds one head dim")

@@ -118,6 +118,13 @@ class Comparison:
         return out
 
 
+def per_query_head(values, n_heads: int) -> np.ndarray:
+    """A boundary's per-head values as one per query head: a K / V boundary under GQA has one
+    per K/V head, each query head taking its group's (select_heads keeps groups in order)."""
+    vals = np.asarray(values, dtype=float)
+    return vals if vals.shape[0] == n_heads else np.repeat(vals, n_heads // vals.shape[0])
+
+
 def _tensor_key(t: torch.Tensor) -> tuple | None:
     """What a cached result of tensor t depends on: its identity, its version counter (bumped by
     every in-place write, so an edited tensor is not taken for its old values), its memory and
@@ -198,15 +205,14 @@ def evaluate(
     ref = _REFERENCES.get(q, k, v, idx, causal, scale)
     ref_s = time.perf_counter() - t0
     evals = {}
+    tkeys = tuple(map(_tensor_key, (q, k, v)))  # None in it: inference tensors, not cached
+    layout_key = json.dumps(layout.to_dict(), sort_keys=True)
     for i, (name, r) in enumerate(recipes.items(), start=1):
         if progress:
             progress(i, n, f"recipe {name}")
         r = get_recipe(r)
-        tkeys = tuple(map(_tensor_key, (q, k, v)))
-        key = (*tkeys, r.to_json(), tuple(idx.tolist()), step, layer,
-               rotated, causal, scale, json.dumps(layout.to_dict(), sort_keys=True))
-        if None in tkeys:
-            key = None  # inference tensors: not cached
+        key = None if None in tkeys else (*tkeys, r.to_json(), tuple(idx.tolist()), step, layer,
+                                          rotated, causal, scale, layout_key)
         if cache is not None and key is not None and key in cache:
             evals[name] = dataclasses.replace(cache[key][0], name=name)
             continue
@@ -309,11 +315,7 @@ def layer_head_grid(
         c = evaluate_entry(source, step, layer, {"r": r}, heads=heads, n_queries=n_queries,
                            dense_policy=dense_policy, cache=cache)
         for m in metrics:
-            vals = np.asarray(c.evals["r"].heads[boundary][m], dtype=float)
-            if vals.shape[0] != len(heads):  # a K / V boundary under GQA: one value per K/V
-                # head; each query head shows its group's (select_heads keeps groups in order)
-                vals = np.repeat(vals, len(heads) // vals.shape[0])
-            out[m][i] = vals
+            out[m][i] = per_query_head(c.evals["r"].heads[boundary][m], len(heads))
     return out
 
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from workbench.recipes import PRESETS, AttentionRecipe, PlanEntry, RecipePlan, get_recipe
+from workbench.recipes import PRESETS, AttentionRecipe, PlanEntry, RecipePlan
 from workbench.recipes.cost import dense_call_cost, relative_cost
 
 from .scan_store import ScanError
@@ -76,8 +76,7 @@ def scan_recipe_at(ds, label: str, step: int, layer: int, *,
     recipe's own numerics, e.g. to tell which recipes are twins)."""
     from workbench.recipes.plan import entry_recipe
 
-    spec = str(ds.recipe_spec.sel(recipe=label).values)
-    r = entry_recipe(get_recipe(spec), step, layer)[0]
+    r = entry_recipe(str(ds.recipe_spec.sel(recipe=label).values), step, layer)[0]
     if dense_policy is None:
         dense_policy = bool(ds.attrs["params"]["dense_policy"])
     if dense_policy:
@@ -156,8 +155,10 @@ def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None =
         raise ScanError(f"{ds.attrs.get('path', 'scan')}: {missing} (entry, recipe) tasks are "
                         "not done; finish the scan (run it again: it resumes) before planning")
     labels = [str(x) for x in ds.recipe.values]
-    fallback = _flag_recipe(rule.fallback, "--fallback")
-    default_recipe = _flag_recipe(default, "--default") if default else fallback
+    from workbench.recipes.plan import single_recipe
+
+    fallback = single_recipe(rule.fallback, "--fallback")
+    default_recipe = single_recipe(default, "--default") if default else fallback
     if not ds.attrs["params"]["dense_policy"]:  # as the scanned recipes: their own numerics
         fallback = fallback.with_(dense_steps=0, dense_layers=0)
     hurts = v_centring_hurts(ds) if rule.v_centring_guard else {}
@@ -223,19 +224,6 @@ def _uniform_costs(ds, lab, density, pf):
             r = scan_recipe_at(ds, lab, step, layer)
             yield (step, layer, relative_cost(r, density=float(density[si, li, ri]),
                                               prefix_fraction=pf))
-
-
-def _flag_recipe(spec, flag: str) -> AttentionRecipe:
-    """get_recipe(spec) for a plan option, naming the flag; a plan is refused (one recipe)."""
-    from workbench.recipes import RecipePlan
-
-    try:
-        r = get_recipe(spec)
-    except (ValueError, FileNotFoundError) as exc:
-        raise ValueError(f"{flag} {spec!r}: {exc}") from None
-    if isinstance(r, RecipePlan):
-        raise ValueError(f"{flag} {spec!r}: a plan; give one recipe")
-    return r
 
 
 def _choose(step, layer, cands, rule: PlanRule, fallback, label_of) -> PlanEntry:

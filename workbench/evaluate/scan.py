@@ -124,10 +124,7 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
     "head": [H, M], "row": [n], "row_head": [H, n], "query_rows": [n]}.
     """
     from workbench.attention import SegmentLayout
-    from workbench.recipes import RecipePlan, get_recipe
-    from workbench.recipes.plan import entry_recipe
-
-    from .engine import evaluate_entry
+    from .engine import evaluate_entry, per_query_head
     from .source import default_device
 
     device = device or default_device()
@@ -136,11 +133,9 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
                                 device)
     src = _EntrySource(tq, tk, tv, captured_heads, SegmentLayout.from_dict(layout), rotated,
                        causal, scale)
-    recipe = get_recipe(spec)
-    if isinstance(recipe, RecipePlan):  # the recipe it plans here, its dense policy applied only
-        # as a recipe's is (dense_policy), not always
-        recipe = entry_recipe(recipe, step, layer)[0]
-    c = evaluate_entry(src, step, layer, {"r": recipe}, heads=list(heads), n_queries=n_queries,
+    # a plan runs its recipe of this entry (evaluate_entry resolves it), its dense policy only
+    # with dense_policy, as a recipe's
+    c = evaluate_entry(src, step, layer, {"r": spec}, heads=list(heads), n_queries=n_queries,
                        dense_policy=dense_policy)
     e = c.evals["r"]
     entry = np.full(len(METRIC_NAMES), np.nan)
@@ -149,10 +144,7 @@ def scan_task(qkv, *, store_id, step, layer, captured_heads, heads, spec, layout
         for m in METRICS:
             i = _METRIC_INDEX[f"{b}_{m}"]
             entry[i] = e.overall[b][m]
-            vals = np.asarray(e.heads[b][m], dtype=float)
-            if vals.shape[0] != len(heads):  # a K / V boundary under GQA: its group's value
-                vals = np.repeat(vals, len(heads) // vals.shape[0])
-            head[:, i] = vals
+            head[:, i] = per_query_head(e.heads[b][m], len(heads))
     entry[_METRIC_INDEX["exact_fraction"]] = e.exact_fraction
     for key, val in e.drift_summary.items():
         # channel groups the store's rotated count leaves empty (or "all": split unknown) have

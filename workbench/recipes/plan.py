@@ -218,6 +218,21 @@ def entry_recipe(spec: Any, step: int | None, layer: int | None) -> tuple[Attent
     return r.recipes[label], f"plan {r.name!r} {where}: recipe {label!r}"
 
 
+def single_recipe(spec: Any, name: str) -> AttentionRecipe:
+    """``get_recipe(spec)`` for an argument that takes one recipe (not a plan), its errors naming
+    the argument `name` (a CLI flag or a parameter)."""
+    from .recipe import get_recipe
+
+    try:
+        r = get_recipe(spec)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ValueError(f"{name} {spec!r}: {exc}") from None
+    if isinstance(r, RecipePlan):
+        raise ValueError(f"{name} {spec!r}: a plan (a recipe per step and layer); give one "
+                         f"recipe, e.g. one of its own: {sorted(r.recipes)}")
+    return r
+
+
 def is_plan_dict(data: Any) -> bool:
     return isinstance(data, Mapping) and PLAN_MARKER in data
 

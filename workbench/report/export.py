@@ -155,7 +155,9 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     layer = src.layers[-1] if layer is None else layer
     heads = (list(src.heads) if isinstance(heads, str) and heads == "all"
              else list(heads) if heads is not None else src.heads[:4])
-    # a plan runs its recipe of this entry (its own numerics, as every recipe here)
+    # read once (a plan file is not read again per layer); a plan runs its recipe of this
+    # entry (its own numerics, as every recipe here)
+    recipe_a, recipe_b = get_recipe(recipe_a), get_recipe(recipe_b)
     (a, note_a), (b, note_b) = (entry_recipe(r, step, layer) for r in (recipe_a, recipe_b))
     for flag, note in (("A", note_a), ("B", note_b)):
         if note:

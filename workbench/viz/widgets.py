@@ -23,7 +23,8 @@ import plotly.graph_objects as go
 
 from workbench.evaluate import ReplaySource, evaluate_entry, layer_head_grid, shipped_stores
 from workbench.metrics import benefit_pct, fmt, fmt_benefit
-from workbench.recipes import PRESETS, get_recipe
+from workbench.recipes import PRESETS
+from workbench.recipes.plan import single_recipe
 from workbench.recipes.recipe import OUT_FORMATS, P_SCALINGS
 
 from . import figures as F
@@ -72,18 +73,6 @@ def _update_in_place(fw: go.FigureWidget, new: go.Figure) -> None:
         fw.layout.update(lay)
 
 
-def _one_recipe(spec, name: str):
-    """get_recipe(spec), refusing a plan (the explorer edits one recipe's fields), naming it."""
-    from workbench.recipes import RecipePlan
-
-    r = get_recipe(spec)
-    if isinstance(r, RecipePlan):
-        raise ValueError(f"{name}: {r.name!r} is a plan (a recipe per step and layer); the "
-                         "explorer compares two recipes: give one of its recipes "
-                         f"({sorted(r.recipes)}), or draw the plan with `workbench report`")
-    return r
-
-
 class SmoothingExplorer:
     """Recipe A against recipe B (the given recipe, edited by the controls) on a store entry.
 
@@ -116,7 +105,8 @@ class SmoothingExplorer:
         # their ids are stable): changing B does not recompute A, nor the grid's other layers.
         self._cache: dict = {}
         src = self.source
-        given_a, given_b = _one_recipe(recipe_a, "recipe_a"), _one_recipe(recipe_b, "recipe_b")
+        given_a = single_recipe(recipe_a, "recipe_a")
+        given_b = single_recipe(recipe_b, "recipe_b")
         for name, value, have in (("step", step, src.steps), ("layer", layer, src.layers)):
             if value is not None and value not in have:
                 raise ValueError(f"{name}: {value!r} is not in {src.name}'s {name}s {have}")
