@@ -32,7 +32,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--record", action="store_true", help="append the result to BENCHMARKS.md")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats: {args.repeats}; at least one run")
     import torch
+
+    sys.path.insert(0, str(ROOT))
+    from workbench.cli import threads_to_use
+
+    threads = threads_to_use(None)  # what the timed command sets (not this script's torch)
 
     times, loads = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -47,7 +54,7 @@ def main() -> int:
     verdict = "meets" if med <= 10.0 else "misses"
     line = (
         f"| {datetime.date.today()} | {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores | torch {torch.__version__}, threads {torch.get_num_threads()} "
+        f"{os.cpu_count()} cores | torch {torch.__version__}, threads {threads} "
         f"| {med:.2f} s (runs: {', '.join(f'{t:.2f}' for t in times)}; load avg before "
         f"{', '.join(f'{x:.1f}' for x in loads)}) | {verdict} the 10 s target |"
     )

@@ -4,6 +4,7 @@ zarr / plotly / xarray / Jupyter (a real subprocess with those imports made to f
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import math
@@ -20,7 +21,8 @@ if not torch.cuda.is_available():  # the smoke runs route in Triton's interprete
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from workbench.attention.sparsity import vsa_keep_count  # noqa: E402
-from workbench.bench import dit, sparse  # noqa: E402
+from workbench.bench import cli as bench_cli  # noqa: E402
+from workbench.bench import dit, sparse, tables  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,12 +207,13 @@ def test_workbench_bench_has_sparse_and_dit_subcommands(capsys):
 
     parser = build_parser()
     a = parser.parse_args(["bench", "sparse", "--densities", "0.1", "0.5", "--no-sweep"])
-    assert a.func is sparse.run_args and a.densities == [0.1, 0.5] and a.no_sweep
+    assert a.func.runs is sparse.run_args and a.densities == [0.1, 0.5] and a.no_sweep
     assert sparse.config_from_args(a).densities == (0.1, 0.5)
     d = parser.parse_args(["bench", "dit", "--blocks", "2"])
-    assert d.func is dit.run_args and d.blocks == 2
+    assert d.func.runs is dit.run_args and d.blocks == 2
     dense = parser.parse_args(["bench", "--rows", "8"])
-    assert dense.bench_kind is None and dense.rows == 8 and dense.func.__module__.endswith("cli")
+    assert dense.bench_kind is None and dense.func.__module__.endswith("cli")
+    assert bench_cli._top_args(dense).rows == 8 and bench_cli._top_args(dense).sets == 2
     assert main(["bench", "sparse", "--densities", "1.5"]) != 0
     assert "--densities" in capsys.readouterr().err
     variant = "fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true"
@@ -342,7 +345,16 @@ def test_sparse_bench_smoke_run_on_the_cpu(tmp_path, capsys):
                         "--json", str(tmp_path / "r.json"),
                         "--markdown", str(tmp_path / "r.md")]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    assert (tmp_path / "r.md").read_text() in capsys.readouterr().out
+    table, mark, _ = (tmp_path / "r.md").read_text().rpartition("<!-- workbench bench table")
+    assert mark and table.rstrip("\n") in capsys.readouterr().out
+    assert report["workbench_bench"] == "sparse"
+    # a re-run may replace both (its own output); with notes added the table is the user's
+    ns = argparse.Namespace(json=str(tmp_path / "r.json"), markdown=str(tmp_path / "r.md"))
+    tables.check_report_files(ns)
+    with open(tmp_path / "r.md", "a") as f:
+        f.write("\n## my analysis\n")
+    with pytest.raises(ValueError, match="not an earlier bench table"):
+        tables.check_report_files(ns)
     names = [r["variant"] for r in report["rows"]]
     sol_rows = ["ours FP8 Sol exact", "ours BF16 Sol exact"]
     assert names == ["sdpa_cudnn_bf16", "ours fp8_dense_kv_corrected", *sol_rows,
@@ -406,3 +418,61 @@ def test_sol_attn_triton_fallback_is_named():
         import cutlass.cute  # noqa: F401
     except Exception:  # noqa: BLE001 - the CPU image has no CuTe DSL: the reason is named
         assert "CuTe DSL runtime does not import" in note
+
+
+def test_bench_outputs_replace_only_their_own_marked_files(tmp_path):
+    """--json / --markdown of the benches replace a file only when a bench wrote it unchanged
+    (review findings: a user's markdown whose first line began "Device ", and a JSON object with
+    "rows" and "config", were replaced; the same path for both lost the JSON)."""
+    inv = tmp_path / "inv.md"
+    inv.write_text("Device inventory for lab\n- H200 x8 in rack 3\n")
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"config": {"lr": 0.001}, "rows": [[1, 2]], "notes": "my experiment"}')
+    for ns, needle in ((argparse.Namespace(json=None, markdown=str(inv)), "bench table"),
+                       (argparse.Namespace(json=str(mine), markdown=None), "bench report"),
+                       (argparse.Namespace(json=str(tmp_path / "same.out"),
+                                           markdown=str(tmp_path / "same.out")), "same file")):
+        with pytest.raises(ValueError, match=needle):
+            tables.check_report_files(ns)
+    # written by a bench (into a folder that did not exist): replaced on a re-run
+    out = tmp_path / "new" / "deeper"
+    tables.write_bench_files({"rows": []}, "Device x\n| a |\n", out / "r.json", out / "r.md",
+                             kind="sparse")
+    ns = argparse.Namespace(json=str(out / "r.json"), markdown=str(out / "r.md"))
+    tables.check_report_files(ns)
+    text = (out / "r.md").read_text()
+    (out / "r.md").write_text(text.replace("| a |", "| b |"))  # an edited table is the user's
+    with pytest.raises(ValueError, match="bench table"):
+        tables.check_report_files(ns)
+
+
+def test_bench_options_are_checked_and_named(capsys):
+    """Options that were silently ignored or failed late are refused up front, naming the option
+    and the subcommand."""
+    from workbench.cli import main
+
+    cases = [(["bench", "--json", "p.json", "--rows", "3", "sparse"],
+              "bench sparse: error: --json, --rows: given before 'sparse'"),
+             (["bench", "--shapes", "1,64,2,16", "sparse"], "'sparse' is a subcommand"),
+             (["bench", "sparse", "--taus=nan"], "--taus: [nan]"),
+             (["bench", "sparse", "--seq", "1"], "--seq: 1"),
+             (["bench", "sparse", "--budget-s", "-1"], "--budget-s: -1.0"),
+             (["bench", "sparse", "--rep-ms", "0"], "--rep-ms: 0"),
+             (["bench", "sparse", "--sol-recipe", "fp8_sol_kv_corrected:sol_threshold=exact",
+               "--threshold", "diag"], "--threshold exact"),
+             (["bench", "--recipes", "fp8_sol_kv_corrected"], "bench sparse"),
+             (["bench", "--recipes", "bf16"], "do not run 'bf16'"),
+             (["bench", "--recipes", "nosuch"], "--recipes: recipe: unknown preset")]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err, (argv, err)
+
+
+@cpu_only
+def test_bench_modules_without_a_gpu_say_so_in_one_line():
+    for mod in ("workbench.bench.sparse", "workbench.bench.dit"):
+        p = subprocess.run([sys.executable, "-m", mod], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+        assert p.returncode == 2 and "no CUDA GPU" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr

@@ -95,17 +95,19 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(n_threads)
+    # the command as typed: "bench sparse" where a subcommand ran
+    cmd = " ".join(x for x in (args.command, getattr(args, "bench_kind", None)) if x)
     try:
         return int(args.func(args) or 0)
     except (ValueError, KeyError) as exc:
         # Bad input: one clear line naming the problem, no traceback.
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"workbench {args.command}: error: {msg}", file=sys.stderr)
+        print(f"workbench {cmd}: error: {msg}", file=sys.stderr)
         return 2
     except OSError as exc:
         # A path that cannot be read or written (missing, read-only, a file where a folder
         # should be, disk full): name it.
-        print(f"workbench {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
+        print(f"workbench {cmd}: error: {os_error_line(exc)}", file=sys.stderr)
         return 2
 
 

@@ -104,9 +104,10 @@ def select_heads(q, k, v, heads) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     kv_heads = sorted({h // group for h in heads})
     if group == 1:
         return q[:, :, heads], k[:, :, heads], v[:, :, heads]
-    # Keep GQA structure only when the selection is whole groups; else expand K/V per query head.
+    # Keep GQA structure only when the selection is whole groups, each head once, ascending
+    # (then position i // group of the selection is its K/V head); else expand K/V per query head.
     whole = all(all(g * group + j in heads for j in range(group)) for g in kv_heads)
-    if whole and heads == sorted(heads):
+    if whole and heads == sorted(set(heads)):
         return q[:, :, heads], k[:, :, kv_heads], v[:, :, kv_heads]
     kvi = [h // group for h in heads]
     return q[:, :, heads], k[:, :, kvi], v[:, :, kvi]

@@ -22,6 +22,7 @@ Emulation choices (the kernels' torch twin; say so in any comparison):
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,7 @@ from workbench.recipes import PRESETS, AttentionRecipe, get_recipe
 
 from .layout import InputError, SegmentLayout, check_qkv, check_query_index
 from .quant import (
+    FORMAT_MAX,
     expand_token_scales,
     hadamard_matrix,
     mma_step_truncating,
@@ -155,8 +157,12 @@ def _attend(
     S = k.shape[2]
     c = scale * LOG2E
     blk = recipe.sol_block if recipe.sparsity == "sol" else recipe.vsa_tile
-    if exact_keys is not None:
-        key_chunk = max(blk, key_chunk // blk * blk)
+    # Chunk boundaries must not move results: whole key blocks for the sparse masks, and whole
+    # 32-key MMA steps for a reduced accumulator (its steps restart at each chunk).
+    align = blk if exact_keys is not None else 1
+    if recipe.accumulation == "reduced":
+        align = math.lcm(align, 32)
+    key_chunk = max(align, key_chunk // align * align)
 
     def scores(s0: int, s1: int) -> torch.Tensor:
         """Masked scores in the log2 domain for keys [s0, s1): [B, H, n, s1 - s0]."""
@@ -250,9 +256,8 @@ def recipe_attention(
     scale: softmax scale, default 1/sqrt(D).
     """
     recipe = get_recipe(recipe).at(step, layer)
-    for name, n in (("key_chunk", key_chunk), ("query_chunk", query_chunk)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name}: {n!r}; give a positive number of rows per chunk")
+    _check_chunks(key_chunk=key_chunk, query_chunk=query_chunk)
+    _check_scale(scale)
     if causal and recipe.sparsity != "dense":
         raise ValueError(f"causal: the reference path masks dense recipes only; recipe "
                          f"{recipe.name!r} has sparsity={recipe.sparsity!r} (choose a dense one, "
@@ -286,6 +291,9 @@ def recipe_attention(
     vc = vf - mu_v[:, None]
 
     # Quantize the operands (Q only on the sampled rows; scales still see their whole block).
+    _check_scale_range(([("q", qf, recipe.qk_format), ("k", kc, recipe.qk_format)]
+                        if recipe.quantizes_qk else [])
+                       + ([("v", vc, recipe.v_format)] if recipe.quantizes_v else []))
     if recipe.quantizes_qk:
         qs_scale = token_scales(qf, recipe.qk_format, recipe.qk_granularity, recipe.qk_block)
         k_op = _quantize_rows(kc, recipe, None)[0].to(cdt)
@@ -369,6 +377,47 @@ def recipe_attention(
     )
 
 
+def _check_chunks(**chunks) -> None:
+    """Chunk sizes are positive ints (a memory setting; a bad one is named, not run)."""
+    for name, n in chunks.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name}: {n!r}; give a positive number of rows per chunk")
+
+
+def _check_scale(scale) -> None:
+    """The softmax scale, when given, is a finite positive number (NaN or Inf would otherwise
+    surface later as an overflow blamed on q, k or v)."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (
+            math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale: {scale!r}; the softmax scale must be a finite positive number "
+                         f"(None: 1/sqrt(head_dim))")
+
+
+def _check_scale_range(operands) -> None:
+    """A quantized operand's scales are FP32 (as on the GPU): amax / format max must be a normal
+    FP32 number. Below that (|x| < ~5e-36 for E4M3) every code would round to zero or the scale
+    to 0 (NaN codes); above FP32's max (float64 inputs) the scale is Inf. Checked on the whole
+    operand, so one near-zero block of an ordinary tensor is not refused; an operand that is
+    not finite (smoothing overflowed) is left to ``raise_on_overflow``.
+
+    operands: [(name, x [B, S, H, D] as quantized (centred when smoothed), format)]."""
+    f32 = torch.finfo(torch.float32)
+    bad, lo_all = {}, None
+    for name, x, fmt in operands:
+        amax = float(x.detach().abs().amax())
+        lo = FORMAT_MAX[fmt] * f32.tiny
+        lo_all = lo
+        if math.isfinite(amax) and (0 < amax < lo or amax > f32.max):
+            bad[name] = amax
+    if bad:
+        raise InputError(
+            f"{' and '.join(bad)}: largest |value| {max(bad.values()):.3g} is outside what "
+            f"float32 FP8 / INT8 scales can represent (|values| from {lo_all:.2g} to "
+            f"{f32.max:.3g}: the scales are float32, as on the GPU); rescale the input")
+
+
 def _expand_heads(t: torch.Tensor, group: int) -> torch.Tensor:
     """[B, Hkv, ...] -> [B, H, ...] for GQA."""
     return t if group == 1 else t.repeat_interleave(group, dim=1)
@@ -403,6 +452,8 @@ def dense_attention_f64(
     causal: row i attends to keys 0..i only. Chunks run from key 0, so each row's running max
     is finite after the first chunk and masked keys contribute exp(-inf) = 0.
     """
+    _check_chunks(key_chunk=key_chunk)
+    _check_scale(scale)
     B, S, H, Hkv, D = check_qkv(q, k, v)
     idx = check_query_index(query_index, S, device=q.device)
     scale = scale if scale is not None else 1.0 / math.sqrt(D)

@@ -11,13 +11,20 @@ any ``preset:field=value`` form, e.g. ``fp8_dense_kv_corrected:p_scaling=exp2_of
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 from pathlib import Path
 
 from .peers import ALL_PEERS, DEFAULT_PEERS
-from .tables import add_board_argument, check_board_s, check_report_files, markdown
+from .tables import (
+    add_board_argument,
+    check_board_s,
+    check_report_files,
+    markdown,
+    write_bench_files,
+)
 
 DEFAULT_SHAPES = ["1,32626,56,128", "1,8192,56,128", "1,16384,56,128", "1,65536,56,128"]
 __all__ = ["DEFAULT_SHAPES", "main", "markdown", "parse_shape", "register", "run"]
@@ -32,15 +39,54 @@ def register(subparsers) -> None:
                     "`workbench bench sparse` for block-sparse Sol / VSA at the H3 shape, "
                     "`workbench bench dit` for the full-width H3 DiT step.")
     add_arguments(p)
-    p.set_defaults(func=main)
+    # The dense bench's options are stored apart (TOP + dest, absent unless given): the
+    # subcommands have options of the same names (--json, --rows, ...), and argparse would
+    # silently let the subcommand's defaults replace values given before `sparse` / `dit`.
+    defaults = {}
+    for a in p._actions:
+        if a.option_strings and a.dest != "help":
+            defaults[a.dest] = a.default
+            a.dest, a.default = TOP + a.dest, argparse.SUPPRESS
+    p.set_defaults(func=main, bench_defaults=defaults)
     kinds = p.add_subparsers(dest="bench_kind", metavar="{sparse,dit}")
     sp = kinds.add_parser("sparse", help="block-sparse Sol / VSA against dense FP8, SDPA cuDNN "
                                          "and NVIDIA's sol_attn at the H3 shape (GPU)")
     sparse.add_arguments(sp)
-    sp.set_defaults(func=sparse.run_args)
+    sp.set_defaults(func=_subcommand(sparse.run_args, "sparse"))
     dt = kinds.add_parser("dit", help="the full-width H3 DiT step per attention variant (GPU)")
     dit.add_arguments(dt)
-    dt.set_defaults(func=dit.run_args)
+    dt.set_defaults(func=_subcommand(dit.run_args, "dit"))
+
+
+TOP = "bench_top_"
+
+
+def _given_top(args) -> list[str]:
+    return [k[len(TOP):] for k in vars(args) if k.startswith(TOP)]
+
+
+def _subcommand(run_fn, kind: str):
+    """A subcommand's runner: refuses options of `workbench bench` given before its name."""
+    def run_sub(args) -> int:
+        given = _given_top(args)
+        if given:
+            flags = ", ".join("--" + g.replace("_", "-") for g in given)
+            raise ValueError(f"{flags}: given before '{kind}', where they are `workbench bench`'s "
+                             f"own options; put them after '{kind}' (see `workbench bench {kind} "
+                             "--help`)")
+        return run_fn(args)
+    run_sub.runs = run_fn  # what it runs (tests, introspection)
+    return run_sub
+
+
+def _top_args(args) -> argparse.Namespace:
+    """`workbench bench`'s own options (defaults where not given) as plain names."""
+    defaults = getattr(args, "bench_defaults", None)
+    if defaults is None:  # a parser made by add_arguments alone (scripts/gpu_bench.py)
+        return args
+    vals = {**defaults, **{g: getattr(args, TOP + g) for g in _given_top(args)}}
+    rest = {k: v for k, v in vars(args).items() if not k.startswith(TOP) and k not in vals}
+    return argparse.Namespace(**rest, **vals)
 
 
 def add_arguments(p) -> None:
@@ -65,18 +111,35 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     except ValueError:
         parts = []
     if len(parts) != 4 or min(parts) < 1:
-        raise ValueError(f"--shapes: expected B,S,H,D (positive integers), got {text!r}")
+        hint = (f" ('{text}' is a subcommand: its options go after it, `workbench bench {text} "
+                "...`)" if text in ("sparse", "dit") else "")
+        raise ValueError(f"--shapes: expected B,S,H,D (positive integers), got {text!r}{hint}")
     return tuple(parts)  # type: ignore[return-value]
 
 
 def check_args(args) -> None:
     """Refuse bad options before any GPU work (ValueError naming the option)."""
+    import torch
+
+    from workbench.kernels.dispatch import unsupported_reason
     from workbench.recipes import get_recipe
 
-    for s in args.shapes:
-        parse_shape(s)
+    shapes = [parse_shape(s) for s in args.shapes]
     for r in args.recipes or []:
-        get_recipe(r)
+        try:
+            rec = get_recipe(r)
+        except ValueError as e:
+            raise ValueError(f"--recipes: {e}") from None
+        if rec.sparsity != "dense":
+            raise ValueError(f"--recipes: {r!r} is a {rec.sparsity} recipe; this bench times the "
+                             "dense kernel (sparse recipes: `workbench bench sparse`)")
+        for B, S, H, D in shapes:
+            # what the kernels would refuse after the peers ran: said now (bf16 operands)
+            probe = torch.empty((1, 1, H, D), dtype=torch.bfloat16)
+            why = unsupported_reason(probe, probe, probe, rec)
+            if why:
+                raise ValueError(f"--recipes: the FP8 kernels do not run {r!r} at head dim {D}: "
+                                 f"{why}")
     bad = [p for p in args.peers if p not in ALL_PEERS]
     if bad:
         raise ValueError(f"--peers: unknown {bad}; choose from {list(ALL_PEERS)}")
@@ -133,16 +196,12 @@ def run(shapes, *, recipes=None, peers=DEFAULT_PEERS, rows=64, sets=2, rep_ms=50
 
 
 def main(args) -> int:
+    args = _top_args(args)
     check_args(args)
     report = run(args.shapes, recipes=args.recipes, peers=args.peers, rows=args.rows,
                  sets=args.sets, rep_ms=args.rep_ms, emulate=not args.no_emulate,
                  ceilings=not args.no_ceilings, board_s=args.board_s)
     md = markdown(report, rows=args.rows)
     print(md)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "a") as f:
-            f.write("\n" + md)
+    write_bench_files(report, md, args.json, args.markdown, kind="dense", markdown_appends=True)
     return 0

@@ -23,13 +23,23 @@ Accuracy: relative L2 of the video output against the SDPA cuDNN forward.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .sparse import DENSE_RECIPE, DENSITIES, SOL_RECIPE, parse_checked, sync, write_report
+from .sparse import (
+    DENSE_RECIPE,
+    DENSITIES,
+    SOL_RECIPE,
+    check_cuda,
+    parse_checked,
+    run_main,
+    sync,
+    write_report,
+)
 from .tables import check_report_files
 
 # the live layout: text rows, audio rows, video patch grid (frames, rows, columns)
@@ -228,6 +238,8 @@ def check_args(args: argparse.Namespace) -> None:
     """Refuse bad options before any GPU work (ValueError naming the option)."""
     if args.blocks < 1 or args.repeats < 1:
         raise ValueError("--blocks and --repeats must be >= 1")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        raise ValueError(f"--budget-s: {args.budget_s} (seconds for the rows, > 0)")
     bad = [d for d in args.densities if not 0.0 < d <= 1.0]
     if bad:
         raise ValueError(f"--densities: {bad} not in (0, 1]")
@@ -241,16 +253,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    return run_args(parse_args(argv))
+    return run_main(parse_args(argv), run_args, "python -m workbench.bench.dit")
 
 
 def run_args(args: argparse.Namespace) -> int:
     """Run from parsed options (``workbench bench dit``)."""
     check_args(args)
+    check_cuda("cuda", what="the DiT bench runs on a GPU")
     cfg = DitBenchConfig(blocks=args.blocks, densities=tuple(args.densities),
                          repeats=args.repeats, budget_s=args.budget_s)
     report = run(cfg)
-    write_report(report, markdown(report), args.json, args.markdown)
+    write_report(report, markdown(report), args.json, args.markdown, kind="dit")
     return 0
 
 

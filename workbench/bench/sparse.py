@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
 import site
@@ -58,9 +57,11 @@ from .tables import (
     board_cell,
     check_board_s,
     check_report_files,
+    write_bench_files,
 )
 
 DENSITIES = (0.10, 0.20, 0.35, 0.50, 1.0)
+MIN_SEQ = 64  # --seq: the smallest small layout (text, audio, video rows; one 64-row block)
 SOL_RECIPE = "fp8_sol_kv_corrected"
 DENSE_RECIPE = "fp8_dense_kv_corrected"
 
@@ -661,7 +662,8 @@ def markdown(report: dict) -> str:
     lines = [f"Device {env.get('device')}, torch {env.get('torch')}, triton {env.get('triton')}, "
              f"{env.get('date')}. Synthetic H3 input {tuple(c['shape'])}, prefix {c['prefix']} "
              f"rows ({_prefix_words(sol_recipe)}), Sol threshold {c['threshold']}, our Sol rows "
-             f"`{sol_recipe}`; accuracy: rel-L2 vs float64 on {c['rows']} evenly spaced rows.",
+             f"`{sol_recipe}`; accuracy: rel-L2 vs float64 on {_rows_sampled(c)} evenly spaced "
+             "rows.",
              ""]
     rows = report["rows"]
     base = next((r.get("ms") for r in rows if r["variant"] == "sdpa_cudnn_bf16"), None)
@@ -775,6 +777,16 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--heads and --rows must be >= 1")
     if args.sweep_rounds < 1:
         raise ValueError(f"--sweep-rounds: {args.sweep_rounds} < 1")
+    if args.rep_ms < 1:
+        raise ValueError(f"--rep-ms: {args.rep_ms} (milliseconds of repetitions per row, >= 1)")
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):
+        raise ValueError(f"--budget-s: {args.budget_s} (seconds for the rows, > 0)")
+    if args.seq is not None and args.seq < MIN_SEQ:
+        raise ValueError(f"--seq: {args.seq}; the small layout needs at least {MIN_SEQ} rows "
+                         "(text, audio and video segments and one 64-row block)")
+    bad = [t for t in args.taus if not (math.isfinite(t) and t > 0)]
+    if bad:
+        raise ValueError(f"--taus: {bad}; Sol taus are finite and > 0")
     from workbench.recipes import PRESETS, RecipeError, get_recipe
 
     try:
@@ -786,13 +798,23 @@ def check_args(args: argparse.Namespace) -> None:
                          f"qk_format={sol.qk_format!r}; an FP8 Sol recipe is needed (the BF16 "
                          "Sol rows are bf16:sparsity=sol)")
     preset = PRESETS.get(sol.name)
-    own = preset is None or sol.sol_threshold != preset.sol_threshold  # set in the string
+    # set in the string (a preset's own value given again counts: it is what the user asked)
+    own = (preset is None or sol.sol_threshold != preset.sol_threshold
+           or "sol_threshold" in str(args.sol_recipe))
     if own and sol.sol_threshold != args.threshold:
         raise ValueError(f"--sol-recipe: {args.sol_recipe!r} sets sol_threshold="
                          f"{sol.sol_threshold!r}, --threshold is {args.threshold!r} (the bench "
                          f"sets it for every Sol row): pass --threshold {sol.sol_threshold}")
     check_board_s(args.board_s)
     check_report_files(args)
+
+
+def check_cuda(device: str, *, what: str = "--device cuda") -> None:
+    """A CUDA run needs a CUDA GPU (said before any work, not after the inputs are made)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        hint = (" (--device cpu with TRITON_INTERPRET=1 runs a small smoke test of the plumbing)"
+                if what == "--device cuda" else "")
+        raise ValueError(f"{what}: no CUDA GPU here{hint}")
 
 
 def parse_checked(argv, prog: str, description: str, add, check) -> argparse.Namespace:
@@ -827,24 +849,36 @@ def config_from_args(args: argparse.Namespace) -> SparseBenchConfig:
                              sol_recipe=args.sol_recipe)
 
 
-def write_report(report: dict, md: str, json_path: str | None, md_path: str | None) -> None:
-    """Print the table; write the report as JSON and the table as markdown where asked."""
+def _rows_sampled(c: dict) -> int:
+    """Query rows the accuracy used: --rows, or every row of a shorter sequence."""
+    return min(c["rows"], c["shape"][1]) if "shape" in c else c["rows"]
+
+
+def write_report(report: dict, md: str, json_path: str | None, md_path: str | None, *,
+                 kind: str = "sparse") -> None:
+    """Print the table; write the report as JSON and the table as markdown where asked (each
+    with the mark that lets a re-run replace it: ``tables.write_bench_files``)."""
     print(md)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=1, default=str)
-    if md_path:
-        with open(md_path, "w") as f:
-            f.write(md)
+    write_bench_files(report, md, json_path, md_path, kind=kind)
 
 
 def main(argv=None) -> int:
-    return run_args(parse_args(argv))
+    return run_main(parse_args(argv), run_args, "python -m workbench.bench.sparse")
+
+
+def run_main(args, run_fn, prog: str) -> int:
+    """A bench module run as a program: its refusals (ValueError) as one line, rc 2."""
+    try:
+        return run_fn(args)
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
 
 
 def run_args(args: argparse.Namespace) -> int:
     """Run from parsed options (``workbench bench sparse``)."""
     check_args(args)
+    check_cuda(args.device)
     report = run(config_from_args(args))
     write_report(report, markdown(report), args.json, args.markdown)
     return 0

@@ -8,7 +8,11 @@ rel_l2, cosine, and emu_rel_l2 / read_tbs / note where they apply).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+from pathlib import Path
 
 TIMED = ("full", "kernel")
 
@@ -164,23 +168,60 @@ def sweep_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A bench's own files carry a mark, so that a re-run replaces its earlier output and nothing
+# else: the JSON a "workbench_bench" key, the markdown a last line with the SHA-256 of the lines
+# above it (an HTML comment: invisible where the table is rendered). A user's file, or a table
+# with notes added or edited, lacks the mark or fails its digest and is refused.
+BENCH_JSON_KEY = "workbench_bench"
+_MD_MARK = re.compile(r"^<!-- workbench bench table sha256:([0-9a-f]{16}) -->$")
+
+
+def _md_digest(body: str) -> str:
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+
+
+def marked_markdown(md: str) -> str:
+    """The table text as a bench writes it to --markdown: md, then its mark line."""
+    body = md if md.endswith("\n") else md + "\n"
+    return body + f"<!-- workbench bench table sha256:{_md_digest(body)} -->\n"
+
+
 def _is_bench_json(path) -> bool:
-    """An earlier bench report: a JSON object with its "rows" (and "env" or "config")."""
+    """An earlier bench report: a JSON object a bench wrote (its mark key and its rows)."""
     from workbench.cli_args import json_has_keys
 
-    return json_has_keys(path, ("rows", "env")) or json_has_keys(path, ("rows", "config"))
-
-
-_BENCH_MD_STARTS = ("Device ", "MiniMax-H3 transformer, full width")
+    return json_has_keys(path, (BENCH_JSON_KEY, "rows"))
 
 
 def _is_bench_markdown(path) -> bool:
-    """An earlier bench table: markdown whose first line is one of the benches' headers."""
+    """An earlier bench table, unchanged: its last line is the mark of the text above it."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.readline().startswith(_BENCH_MD_STARTS)
+        p = Path(path)
+        if p.stat().st_size > 16 * 2**20:
+            return False
+        text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return False
+    body, _, last = text.rstrip("\n").rpartition("\n")
+    m = _MD_MARK.match(last)
+    return bool(m) and _md_digest(body + "\n") == m.group(1)
+
+
+def write_bench_files(report: dict, md: str, json_path, md_path, *, kind: str,
+                      markdown_appends: bool = False) -> None:
+    """Write --json (the report with its mark key) and --markdown (the marked table; appended
+    to the file when ``markdown_appends``), making missing parent folders."""
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump({BENCH_JSON_KEY: kind, **report}, f, indent=1, default=str)
+    if md_path:
+        Path(md_path).parent.mkdir(parents=True, exist_ok=True)
+        if markdown_appends:
+            with open(md_path, "a") as f:
+                f.write("\n" + md)
+        else:
+            Path(md_path).write_text(marked_markdown(md), encoding="utf-8")
 
 
 def check_report_files(args, *, markdown_appends: bool = False) -> None:
@@ -204,3 +245,6 @@ def check_report_files(args, *, markdown_appends: bool = False) -> None:
             check_out_file(md, "--markdown", own=lambda p: True, kind="markdown file")
         else:
             check_out_file(md, "--markdown", own=_is_bench_markdown, kind="bench table")
+    js = getattr(args, "json", None)
+    if js and md and Path(js).resolve() == Path(md).resolve():
+        raise ValueError(f"--markdown {md}: the same file as --json; give two paths")

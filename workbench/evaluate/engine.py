@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +25,7 @@ from workbench.attention import (
     evenly_spaced_rows,
     recipe_attention,
 )
+from workbench.attention.layout import check_query_index
 from workbench.metrics import (
     benefit_pct,
     bootstrap_benefit,
@@ -126,12 +128,21 @@ def per_query_head(values, n_heads: int) -> np.ndarray:
 
 
 def _tensor_key(t: torch.Tensor) -> tuple | None:
-    """What a cached result of tensor t depends on: its identity, its version counter (bumped by
-    every in-place write, so an edited tensor is not taken for its old values), its memory and
-    view. None for an inference tensor (it has no version counter): not cached."""
+    """What a cached result of tensor t depends on: its identity, version counter, memory and
+    view, and a CRC-32 of its bytes. The version counter misses writes through ``.data`` or
+    ``.numpy()``, so the values themselves are part of the key (a pass over the tensor at
+    ~2 GB/s, small next to the float64 reference it saves). None for an inference tensor (it
+    has no version counter): not cached."""
     if t.is_inference():
         return None
-    return (id(t), t._version, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+    return (id(t), t._version, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype,
+            _crc32(t))
+
+
+def _crc32(t: torch.Tensor) -> int:
+    """CRC-32 of the tensor's values in logical order (a CUDA tensor is copied to the host)."""
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
+    return zlib.crc32(b)
 
 
 class _ReferenceCache:
@@ -142,8 +153,10 @@ class _ReferenceCache:
         self.size = size
         self._store: dict = {}
 
-    def get(self, q, k, v, idx, causal=False, scale=None) -> torch.Tensor:
-        tkeys = tuple(map(_tensor_key, (q, k, v)))
+    def get(self, q, k, v, idx, causal=False, scale=None, tkeys=None) -> torch.Tensor:
+        """tkeys: the three ``_tensor_key``s when the caller has them (each is a pass over
+        its tensor)."""
+        tkeys = tkeys if tkeys is not None else tuple(map(_tensor_key, (q, k, v)))
         if None in tkeys:  # inference tensors: computed each time
             return dense_attention_f64(q, k, v, query_index=idx, causal=causal, scale=scale)[0]
         key = (*tkeys, tuple(idx.tolist()), causal, scale)
@@ -193,19 +206,19 @@ def evaluate(
     layout = layout or SegmentLayout.tokens(S)
     channel_groups(rotated, q.shape[-1])  # a count the head dim cannot hold: say so before work
     if query_index is None:
-        if n_queries < 1:
-            raise ValueError(f"n_queries: need at least one query row, got {n_queries}")
+        if isinstance(n_queries, bool) or not isinstance(n_queries, int) or n_queries < 1:
+            raise ValueError(f"n_queries: {n_queries!r}; give a positive number of query rows")
         idx = evenly_spaced_rows(S, n_queries)
     else:
-        idx = torch.as_tensor(query_index)
-    idx = idx.to(q.device)
+        idx = query_index
+    idx = check_query_index(idx, S, device=q.device)
     n = len(recipes) + 1
     if progress:
         progress(0, n, "float64 dense reference")
-    ref = _REFERENCES.get(q, k, v, idx, causal, scale)
+    tkeys = tuple(map(_tensor_key, (q, k, v)))  # None in it: inference tensors, not cached
+    ref = _REFERENCES.get(q, k, v, idx, causal, scale, tkeys)
     ref_s = time.perf_counter() - t0
     evals = {}
-    tkeys = tuple(map(_tensor_key, (q, k, v)))  # None in it: inference tensors, not cached
     layout_key = json.dumps(layout.to_dict(), sort_keys=True)
     for i, (name, r) in enumerate(recipes.items(), start=1):
         if progress:

@@ -32,11 +32,14 @@ BOUNDARY_LABELS = {
 def boundary_tensors(
     res: AttentionResult, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ref_out: torch.Tensor
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{boundary: (value, reference)} with [B, *, H, D] layout (v_mean as [B, 1, H, D])."""
+    """{boundary: (value, reference)} with [B, *, H, D] layout (v_mean as [B, 1, H, D]).
+
+    References keep the input's dtype (the metrics difference them in float64): a float32 copy
+    would round float64 inputs and give an exact recipe a nonzero error."""
     return {
-        "quanted_q": (res.q_dq, q[:, res.query_index].float()),
-        "quanted_k": (res.k_dq, k.float()),
-        "dequanted_v": (res.v_dq, v.float()),
+        "quanted_q": (res.q_dq, q[:, res.query_index]),
+        "quanted_k": (res.k_dq, k),
+        "dequanted_v": (res.v_dq, v),
         "v_mean": (res.v_dq.double().mean(1, keepdim=True), v.double().mean(1, keepdim=True)),
         "attention_output": (res.out, ref_out),
     }

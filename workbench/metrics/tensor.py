@@ -13,56 +13,76 @@ import torch
 METRICS = ("mse", "rel_l2", "cosine", "sqnr_db", "max_abs")
 
 
-def _moments(x: torch.Tensor, ref: torch.Tensor, dims) -> dict[str, torch.Tensor]:
-    """Sums needed by every metric, reduced over `dims` with float64 accumulation.
+# Elements per float64 chunk of a moments pass (~128 MB of float64 temporaries at most).
+_CHUNK_ELEMS = 1 << 24
 
-    float64 inputs stay float64; others are differenced in float32 (exact for the small
-    differences that matter here up to 2^-24 relative) and summed in float64, which keeps the
-    cost of a pass over a full K or V low.
+
+def _sq_sum(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum of squares along dim without a squared temporary (float64 in, float64 out)."""
+    return torch.linalg.vecdot(t, t, dim=dim)
+
+
+def _moments(x: torch.Tensor, ref: torch.Tensor, dims) -> dict[str, torch.Tensor]:
+    """Sums needed by every metric, reduced over `dims`, computed in float64.
+
+    Every difference, square and product is formed in float64 (float32 squares underflow below
+    ~1e-19 and overflow above ~1e19, and a float32 x * ref loses the digits that 1 - cosine
+    needs), in chunks along the longest reduced dim so that a pass over a full K or V holds at
+    most ~_CHUNK_ELEMS float64 values at a time.
     """
     if x.shape != ref.shape:
         raise ValueError(f"error_stats: shapes differ, {tuple(x.shape)} vs ref {tuple(ref.shape)}")
-    dt = torch.float64 if torch.float64 in (x.dtype, ref.dtype) else torch.float32
-    x = x.to(dt)
-    ref = ref.to(dt)
-    d = x - ref
+    if x.numel() == 0:
+        raise ValueError(f"error_stats: empty tensors (shape {tuple(x.shape)}); nothing to measure")
     f64 = torch.float64
     n = 1
     for i in dims:
         n *= x.shape[i]
-    # Reduce the longest dim first in the compute dtype (torch's CPU sum is a cascade sum, so a
-    # float32 partial over one row of tokens stays accurate), then finish in float64.
     inner = max(dims, key=lambda i: x.shape[i])
     rest = tuple(i - (i > inner) for i in dims if i != inner)
-
-    def total(t: torch.Tensor) -> torch.Tensor:
-        part = t.sum(dim=inner).to(f64)
-        return part.sum(dim=rest) if rest else part
-
-    return {
-        "d2": total(d * d),
-        "r2": total(ref * ref),
-        "x2": total(x * x),
-        "xr": total(x * ref),
-        "maxd": d.abs().amax(dim=dims).to(f64),
-        "n": torch.tensor(float(n), dtype=f64),
-    }
+    step = max(1, _CHUNK_ELEMS // max(1, x.numel() // x.shape[inner]))
+    sums: dict[str, torch.Tensor] = {}
+    for a in range(0, x.shape[inner], step):
+        xs = x.narrow(inner, a, min(step, x.shape[inner] - a)).to(f64)
+        rs = ref.narrow(inner, a, xs.shape[inner]).to(f64)
+        d = xs - rs
+        part = {"d2": _sq_sum(d, inner), "r2": _sq_sum(rs, inner), "x2": _sq_sum(xs, inner),
+                "xr": torch.linalg.vecdot(xs, rs, dim=inner)}
+        maxd = d.abs().amax(dim=inner)
+        for key, val in part.items():
+            sums[key] = sums[key] + val if key in sums else val
+        sums["maxd"] = torch.maximum(sums["maxd"], maxd) if "maxd" in sums else maxd
+    out = {k: (t.sum(dim=rest) if rest else t) for k, t in sums.items() if k != "maxd"}
+    out["maxd"] = sums["maxd"].amax(dim=rest) if rest else sums["maxd"]
+    out["n"] = torch.tensor(float(n), dtype=f64)
+    return out
 
 
 def _from_moments(d2, r2, x2, xr, maxd, n) -> dict[str, float]:
     d2, r2, x2, xr, maxd, n = (float(t) for t in (d2, r2, x2, xr, maxd, n))
     err, nref, nx = math.sqrt(d2), math.sqrt(r2), math.sqrt(x2)
+    if nx > 0 and nref > 0:
+        # 1 - cos = (|x - ref|^2 - (|x| - |ref|)^2) / (2 |x| |ref|): exact algebra, and no
+        # cancellation of two numbers near 1 when x is close to ref.
+        cos = 1.0 - (d2 - (nx - nref) ** 2) / (2.0 * nx * nref)
+        cos = min(1.0, max(-1.0, cos))
+    else:
+        cos = float(err == 0)
     return {
         "mse": d2 / n,
         "rel_l2": err / nref if nref > 0 else (0.0 if err == 0 else math.inf),
-        "cosine": xr / (nx * nref) if nx > 0 and nref > 0 else float(err == 0),
-        "sqnr_db": 20 * math.log10(nref / err) if err > 0 else math.inf,
+        "cosine": cos,
+        "sqnr_db": (20 * math.log10(nref / err) if nref > 0 else -math.inf) if err > 0
+        else math.inf,
         "max_abs": maxd,
     }
 
 
 def error_stats(x: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
-    """All METRICS of x against ref over every element."""
+    """All METRICS of x against ref over every element (same shapes: a transposed or reshaped
+    ref of the same size is refused, not compared element by element)."""
+    if x.shape != ref.shape:
+        raise ValueError(f"error_stats: shapes differ, {tuple(x.shape)} vs ref {tuple(ref.shape)}")
     m = _moments(x.reshape(-1), ref.reshape(-1), (0,))
     return _from_moments(**m)
 
