@@ -36,7 +36,7 @@ def main() -> int:
     out = Path(args.out)
     n_layers = len(h3.model.transformer_blocks)
     with capture(h3.model, out, layers=range(n_layers), steps=range(GRID - 1),
-                 layout=h3.layout.segments, seed=SEED, prompt=PROMPT, recipe="bf16",
+                 layout=h3.layout.segments, seed=SEED, prompt=PROMPT, recipe="native",
                  progress=False, overwrite=True,
                  extra_attrs={"model_name": h3.name, "sampling_grid_points": GRID,
                               "h3_config": h3.config.to_dict(),

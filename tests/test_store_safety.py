@@ -33,6 +33,7 @@ from workbench.capture import (
 from workbench.capture.lock import StoreLock, holder_is_stale, read_holder
 from workbench.capture.schema import CHUNK_RECORD, LOCK_NAME
 from workbench.cli import main
+from workbench.recipes import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -354,7 +355,6 @@ def test_verify_notes_a_requested_entry_whose_folder_was_removed(tmp_path, capsy
     (["--num-steps", "6"], "sampling_grid_points (--num-steps", "4", "6"),
     (["--heads", "1"], "heads (--heads)", "null", "[1]"),
     (["--model", "h3-nano"], "model_name (--model)", '"h3-tiny"', '"h3-nano"'),
-    (["--recipe", "fp8_dense"], "recipe (--recipe)", "", ""),
 ])
 def test_resume_refuses_a_different_run_naming_the_field(cli_store, capsys, args, field, stored,
                                                          new):
@@ -364,6 +364,28 @@ def test_resume_refuses_a_different_run_naming_the_field(cli_store, capsys, args
     line = one_line_error(rc, err, "capture", str(cli_store), "--resume refused", field)
     assert f"store has {stored}" in line and f"this run has {new}" in line
     assert digest(cli_store) == before and not (cli_store / LOCK_NAME).exists()
+
+
+def test_capture_records_the_attention_it_ran(cli_store, tmp_path, capsys):
+    """`workbench capture` runs the model's own attention: its store says "native" (it recorded
+    "bf16" by default, and any --recipe given, though neither ran); another --recipe is refused
+    with the command that captures a run under a recipe; a store of an earlier release with the
+    "bf16" label still resumes."""
+    root = json.loads((cli_store / "zarr.json").read_text())
+    assert root["attributes"]["recipe"] == "native"
+    out = tmp_path / "r.zarr"
+    rc, _, err = cli(capsys, "capture", "--model", "h3-tiny", "--out", out, "--layers", "0",
+                     "--steps", "0", "--quiet", "--recipe", "fp8_dense")
+    one_line_error(rc, err, "capture", "--recipe fp8_dense",
+                   "workbench generate --recipe fp8_dense --capture STORE")
+    assert not out.exists()
+    old = tmp_path / "old.zarr"
+    shutil.copytree(cli_store, old)
+    root["attributes"]["recipe"] = PRESETS["bf16"].to_json()
+    (old / "zarr.json").write_text(json.dumps(root))
+    rc, out_text, err = cli(capsys, "capture", "--model", "h3-tiny", "--out", old, "--layers",
+                            "0-1", "--steps", "0-1", "--quiet", "--resume")
+    assert rc == 0 and "already complete" in out_text, err
 
 
 def test_resume_of_a_complete_store_says_so_and_writes_nothing(cli_store, capsys):

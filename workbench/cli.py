@@ -40,6 +40,10 @@ def _thread_count(text: str) -> int:
     return n
 
 
+THREADS_HELP = (f"torch CPU threads (default: $OMP_NUM_THREADS, else {DEFAULT_THREADS}; 0: "
+                "torch's own default)")
+
+
 def threads_to_use(requested: int | None) -> int:
     """--threads if given (0: leave torch's default), else OMP_NUM_THREADS if it is a positive
     integer (torch already follows it), else DEFAULT_THREADS."""
@@ -77,10 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         if "--threads" in p._option_string_actions:  # a command that declares it itself
             p.set_defaults(threads=None)
+            p._option_string_actions["--threads"].help = THREADS_HELP
         else:
-            p.add_argument("--threads", type=_thread_count, default=None,
-                           help="torch CPU threads (default: $OMP_NUM_THREADS, else "
-                                f"{DEFAULT_THREADS}; 0: torch's own default)")
+            p.add_argument("--threads", type=_thread_count, default=None, help=THREADS_HELP)
     return parser
 
 

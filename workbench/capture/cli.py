@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 from workbench.cli_args import check_in_range, nonneg_int, parse_int_list, positive_int
 
@@ -27,6 +29,27 @@ def _capture_plan(args):
     return layers, steps, heads
 
 
+def _run_recipe(args) -> str:
+    """What the store records as the run's attention: "native", the model's own, which is what
+    `workbench capture` runs (earlier releases recorded the label "bf16" by default: a resume of
+    such a store keeps it). Any other --recipe would record a recipe the run never used."""
+    if args.recipe not in (None, "native"):
+        raise ValueError(f"--recipe {args.recipe}: `workbench capture` runs the model's own "
+                         "attention (recorded as 'native'); to capture q/k/v of a run under a "
+                         f"recipe: `workbench generate --recipe {args.recipe} --capture STORE`")
+    if args.recipe is None and args.resume:
+        from workbench.recipes import PRESETS
+
+        try:
+            root = json.loads((Path(args.out) / "zarr.json").read_text(encoding="utf-8"))
+            stored = root.get("attributes", {}).get("recipe")
+        except (OSError, ValueError, AttributeError):
+            stored = None
+        if stored == PRESETS["bf16"].to_json():
+            return "bf16"
+    return "native"
+
+
 def cmd_capture(args) -> int:
     import torch
 
@@ -37,7 +60,7 @@ def cmd_capture(args) -> int:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     prompt = args.prompt or DEFAULT_PROMPT
     kw = dict(layers=layers, steps=steps, heads=heads, seed=args.seed, prompt=prompt,
-              recipe=args.recipe, resume=args.resume, overwrite=args.overwrite,
+              recipe=_run_recipe(args), resume=args.resume, overwrite=args.overwrite,
               budget_bytes=int(args.budget_mb * 2**20), progress=not args.quiet)
     t0 = time.perf_counter()
     from .hf import capture_hf, is_hf_spec
@@ -162,7 +185,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt", default=None,
                    help="prompt of the run (default: 'a red ball bouncing'; hf: a built-in text)")
-    p.add_argument("--recipe", default="bf16", help="recipe of the run (stored in attributes)")
+    p.add_argument("--recipe", default=None,
+                   help="the run's attention as recorded: only 'native' (the default: capture "
+                        "runs the model's own attention; `workbench generate --recipe R "
+                        "--capture STORE` captures a run under recipe R)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--budget-mb", type=float, default=2048.0, help="host memory bound (MiB)")
     p.add_argument("--resume", action="store_true",

@@ -4,7 +4,8 @@ Steps (each writes its own files; a step whose stage is not installed is reporte
 1. the seed's accuracy table on the synthetic H3 input (full live shape, heads 0-3, 64 rows).
 2. the PR report for the shipped capture (``workbench report captures/<store> --a
    fp8_sol_unsmoothed --b fp8_sol_kv_corrected --out <out>/report``): PNG + SVG (kaleido with the
-   system Chromium; HTML only when Chromium is absent), self-contained HTML, markdown.
+   system Chromium; HTML only when Chromium is absent), HTML pages sharing one plotly.js beside
+   them, markdown.
 3. the seed's end-to-end experiment on the embedded model: ``workbench compare --recipes
    bf16,fp8_sol_unsmoothed,fp8_sol_kv_corrected --model h3-nano --out <out>/compare`` (clips,
    side-by-side mp4, metrics table in the seed PR's layout).

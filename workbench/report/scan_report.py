@@ -1,8 +1,9 @@
 """Scan report export: ``workbench scan-report SCAN --out DIR [--plan plan.json]``.
 
 Writes ``figures/<name>.{png,svg,html}`` (``workbench.report.export.write_figures``: kaleido with
-the system Chromium, self-contained HTML), ``report.md`` (the scan's parameters, a per-recipe
-summary, the plan and the figures) and ``report.json`` (the summary numbers).
+the system Chromium; HTML pages sharing one plotly.js beside them), ``report.md`` (the scan's
+parameters, a per-recipe summary, the plan and the figures) and ``report.json`` (the summary
+numbers).
 """
 
 from __future__ import annotations
