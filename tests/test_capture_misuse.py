@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 import pytest
@@ -85,7 +84,8 @@ def test_verify_faults_entry_fields_that_change_the_replay(tmp_path, edit, needl
 def test_calls_a_store_cannot_hold_are_refused_or_skipped_and_repeats_said(tmp_path):
     """k and v of different head dims (latent attention), cross-attention and negative query
     rows wrote stores that did not open; a block's name without layer= too; a second call of
-    one name in one step was dropped without a word."""
+    one name in one step was dropped without a word (then with a warning; record() now refuses
+    it, naming the first: tests/test_capture_edges.py)."""
     q, k, v = _qkv()
     with capture(None, tmp_path / "a.zarr") as cap:
         with pytest.raises(ValueError, match="k .* and v .* differ"):
@@ -93,10 +93,8 @@ def test_calls_a_store_cannot_hold_are_refused_or_skipped_and_repeats_said(tmp_p
         with pytest.raises(ValueError, match="cross-attention"):
             cap.record("cross", q[:, :16], k, v)
         cap.record("transformer_blocks.1", q, k, v, step=0)
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="already recorded in this run"):
             cap.record("transformer_blocks.1", q, k, v, step=0)
-        assert any("only the first is kept" in str(x.message) for x in w)
     r = open_capture(tmp_path / "a.zarr")
     assert r.verify() == [] and r.layers == [1]
     with pytest.raises(ValueError, match="query_rows"):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from workbench.layout import H3_LIVE_LAYOUT, SegmentLayout  # noqa: F401 (re-exported)
@@ -82,6 +85,17 @@ def check_query_index(query_index, seq_len: int, device=None) -> torch.Tensor:
             f"query_index: rows must lie in [0, {seq_len}), got min {lo} and max {hi}"
         )
     return idx
+
+
+def check_scale(scale) -> None:
+    """The softmax scale, when given, is a finite positive number (NaN or Inf would otherwise
+    surface later as an overflow blamed on q, k or v, or as an all-NaN kernel output)."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (
+            math.isfinite(scale) and scale > 0):
+        raise InputError(f"scale: {scale!r}; the softmax scale must be a finite positive number "
+                         f"(None: 1/sqrt(head_dim))")
 
 
 def evenly_spaced_rows(seq_len: int, n: int) -> torch.Tensor:

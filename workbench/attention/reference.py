@@ -22,14 +22,13 @@ Emulation choices (the kernels' torch twin; say so in any comparison):
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 
 import torch
 
 from workbench.recipes import PRESETS, AttentionRecipe, get_recipe
 
-from .layout import InputError, SegmentLayout, check_qkv, check_query_index
+from .layout import InputError, SegmentLayout, check_qkv, check_query_index, check_scale
 from .quant import (
     FORMAT_MAX,
     expand_token_scales,
@@ -257,7 +256,7 @@ def recipe_attention(
     """
     recipe = get_recipe(recipe).at(step, layer)
     _check_chunks(key_chunk=key_chunk, query_chunk=query_chunk)
-    _check_scale(scale)
+    check_scale(scale)
     if causal and recipe.sparsity != "dense":
         raise ValueError(f"causal: the reference path masks dense recipes only; recipe "
                          f"{recipe.name!r} has sparsity={recipe.sparsity!r} (choose a dense one, "
@@ -384,17 +383,6 @@ def _check_chunks(**chunks) -> None:
             raise ValueError(f"{name}: {n!r}; give a positive number of rows per chunk")
 
 
-def _check_scale(scale) -> None:
-    """The softmax scale, when given, is a finite positive number (NaN or Inf would otherwise
-    surface later as an overflow blamed on q, k or v)."""
-    if scale is None:
-        return
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (
-            math.isfinite(scale) and scale > 0):
-        raise InputError(f"scale: {scale!r}; the softmax scale must be a finite positive number "
-                         f"(None: 1/sqrt(head_dim))")
-
-
 def _check_scale_range(operands) -> None:
     """A quantized operand's scales are FP32 (as on the GPU): amax / format max must be a normal
     FP32 number. Below that (|x| < ~5e-36 for E4M3) every code would round to zero or the scale
@@ -453,7 +441,7 @@ def dense_attention_f64(
     is finite after the first chunk and masked keys contribute exp(-inf) = 0.
     """
     _check_chunks(key_chunk=key_chunk)
-    _check_scale(scale)
+    check_scale(scale)
     B, S, H, Hkv, D = check_qkv(q, k, v)
     idx = check_query_index(query_index, S, device=q.device)
     scale = scale if scale is not None else 1.0 / math.sqrt(D)

@@ -48,7 +48,7 @@ def _check_distinct(src: Path, dst: Path) -> None:
 
 def archive_store(src, dst, *, level: int = 3, overwrite: bool = False) -> dict:
     """Copy every complete entry of ``src`` into a new zstd-compressed store ``dst``."""
-    src, dst = Path(src), Path(dst)
+    src, dst = Path(src), Path(os.path.abspath(dst))  # "." names no folder to rename onto
     reader = open_capture(src)
     _check_distinct(src, dst)
     kind = check_target(dst, overwrite=overwrite, flag="DST", can_resume=False)

@@ -16,11 +16,15 @@ its position among the prefixes in natural order, without a step number step 0.
 
 from __future__ import annotations
 
+import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .schema import entry_path
 
 SUFFIXES = (".pt", ".pth", ".safetensors", ".npy", ".npz")
 ROLES = {"q": "q", "k": "k", "v": "v", "query": "q", "key": "k", "value": "v"}
@@ -164,6 +168,7 @@ def group_entries(tensors: dict[str, tuple[torch.Tensor, str]]) -> list[Imported
     entries = []
     prefixes = sorted(groups, key=_natural)
     seen: dict[tuple[int, int], str] = {}
+    paths: dict[str, str] = {}
     for i, prefix in enumerate(prefixes):
         g = groups[prefix]
         label = prefix or "the source"
@@ -182,6 +187,11 @@ def group_entries(tensors: dict[str, tuple[torch.Tensor, str]]) -> list[Imported
                                   "entries with distinct step<N> / layer<N>")
         seen[(step, layer)] = label
         name = prefix or "attention"
+        path = entry_path(step, name)  # names differing only in unsafe characters share one
+        if path in paths:
+            raise ImportDataError(f"{label}: stored as {path}, as {paths[path]!r} is (names "
+                                  "keep only letters, digits, '.', '_', '-'); rename one of them")
+        paths[path] = label
         entries.append(ImportedEntry(name, step, layer, q, k, v))
     return entries
 
@@ -222,6 +232,13 @@ def _check_shapes(q, k, v, label: str, where: str) -> None:
     if empty:
         raise ImportDataError(f"{label} ({where}): {empty[0][0]} {empty[0][1]} has a zero-length "
                               "dimension; nothing to store")
+    if q.shape[1] < q.shape[2] and q.shape[2] == k.shape[2]:
+        # [H, S, D] with H == Hkv passes every shape check as [S, H, D]; rows fewer than heads
+        # is what that usually looks like (H3: 56 heads, 32,626 rows)
+        warnings.warn(f"{label} ({where}): q {sq} is read as [S={q.shape[1]} rows, H={q.shape[2]} "
+                      "heads, D]: fewer rows than heads; if the tensors are heads first "
+                      "([H, S, D] or SDPA's [B, H, S, D]), transpose them to [.., S, H, D]",
+                      stacklevel=3)
     if not q.dtype == k.dtype == v.dtype:
         # one store entry holds one dtype (its metadata records q's): cast them to one first
         raise ImportDataError(f"{label} ({where}): q is {q.dtype}, k {k.dtype}, v {v.dtype}; "
@@ -241,6 +258,9 @@ def import_tensors(sources, out, *, layout=None, rotated: int | None = None,
 
     from .recorder import capture
 
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ImportDataError(f"--scale: the softmax scale must be finite and positive, got "
+                              f"{scale}")
     entries = group_entries(read_tensors(sources))
     S, D = entries[0].q.shape[1], entries[0].q.shape[-1]
     for e in entries[1:]:
@@ -256,8 +276,6 @@ def import_tensors(sources, out, *, layout=None, rotated: int | None = None,
                            f"{S} ({layout.describe()})")
     if rotated is not None and not 0 <= rotated <= D:
         raise ImportDataError(f"--rotated: {rotated} channels do not fit head dim {D} (0..{D})")
-    if scale is not None and not scale > 0:
-        raise ImportDataError(f"--scale: the softmax scale must be positive, got {scale}")
     attrs = {"source": "import", "imported_from": [str(s) for s in sources], "causal": causal}
     if scale is not None:
         attrs["softmax_scale"] = float(scale)

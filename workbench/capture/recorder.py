@@ -215,6 +215,7 @@ class Capture:
         self.root: zarr.Group | None = None
         self.skipped: list[str] = []  # entries not rewritten because a resumed store had them
         self.submitted: list[str] = []
+        self._recorded: dict[tuple, str] = {}  # record(): (step, layer) and paths of this run
         self._done: set[str] = set()
         self._lock: StoreLock | None = None
         self._created = False  # this capture created the store (remove it if nothing completes)
@@ -466,7 +467,23 @@ class Capture:
         if layer is None:  # an H3 block's name carries its index (the store's readers ask it)
             block = BLOCK_NAME.fullmatch(name)
             layer = int(block[1]) if block else None
-        return self._submit(name, layer, step, q, k, v, source="record", layout="BSHD", kwargs={})
+        # readers find an entry by (step, layer) and store it under its path: a second record()
+        # of either in this run would be dropped or shadow the first (refused, naming both)
+        path = entry_path(step, name)
+        for key, what in ((("path", path), f"its folder {path}"),
+                          (("entry", step, layer), f"step {step} layer {layer}")):
+            if key[-1] is None:
+                continue
+            other = self._recorded.get(key)
+            if other is not None:
+                raise ValueError(f"capture {name}: {what} was already recorded in this run by "
+                                 f"{other!r} (names keep only letters, digits, '.', '_', '-'; "
+                                 "each (step, layer) is one entry)")
+        ok = self._submit(name, layer, step, q, k, v, source="record", layout="BSHD", kwargs={})
+        self._recorded[("path", path)] = name
+        if layer is not None:
+            self._recorded[("entry", step, layer)] = name
+        return ok
 
     def _submit(self, name, layer, step, q, k, v, *, source, layout, kwargs) -> bool:
         self._seen_steps.add(step)
@@ -540,6 +557,9 @@ def _unstorable(q, k, v, query_rows) -> str | None:
     if q.shape[1] != k.shape[1]:
         return (f"q has {q.shape[1]} rows and k {k.shape[1]} (cross-attention): a capture holds "
                 "self-attention")
+    if not q.dtype == k.dtype == v.dtype:
+        return (f"q is {q.dtype}, k {k.dtype}, v {v.dtype}: an entry holds one dtype (cast them "
+                "to one first)")
     if query_rows is not None and query_rows.numel() and int(query_rows.max()) >= q.shape[1]:
         return f"query_rows reach row {int(query_rows.max())} of a {q.shape[1]}-row sequence"
     return None

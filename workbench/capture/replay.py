@@ -450,7 +450,9 @@ class CaptureReader:
         Variables q, k, v: (step, layer, batch, token, head, channel), dask-backed; entries missing
         from the grid read as zeros and ``complete`` (step, layer) says which are real. Stored bits
         (uint16 for bf16, uint8 for fp8) unless ``decode=True``, which maps blocks to float32
-        lazily. Entries whose shapes differ from the first are left out (listed in attrs).
+        lazily. Coordinates ``head`` / ``kv_head`` are the captured heads' ids and ``q_token``
+        the sequence rows of q (a subset when the capture kept some rows). Entries whose shapes,
+        dtype, heads or rows differ from the first are left out (listed in attrs).
         """
         import dask.array as da
         import xarray as xr
@@ -459,8 +461,19 @@ class CaptureReader:
         if not done:
             raise CaptureStoreError(f"{self.path}: no complete (step, layer) entries to view")
         first = done[0]
+
+        def heads_rows(e):
+            """(q heads, K/V heads, kept q rows or None): the labels of an entry's head and
+            q_token positions (a head subset or a row subset is not positions 0..n-1)."""
+            meta = self.entry_metadata(e)[0]
+            rows = (tuple(int(x) for x in self._read(e, "q_rows", (slice(None),)))
+                    if meta.get("has_query_rows") else None)
+            return tuple(meta["q_heads"]), tuple(meta["kv_heads"]), rows
+
+        labels = heads_rows(first)
         same = [e for e in done if e.shape_q == first.shape_q and e.shape_kv == first.shape_kv
-                and e.torch_dtype == first.torch_dtype]
+                and e.torch_dtype == first.torch_dtype and heads_rows(e) == labels]
+        q_heads, kv_heads, q_rows = labels
         steps = sorted({e.step for e in same})
         layers = sorted({e.layer for e in same})
         by_key = {(e.step, e.layer): e for e in same}
@@ -498,6 +511,11 @@ class CaptureReader:
                 "layer_name": ("layer", [names[lay] for lay in layers]),
                 "timestep": ("step", ts),
                 "complete": (("step", "layer"), complete),
+                # the captured ids: .sel(head=h) is model head h, .sel(q_token=r) sequence row r
+                "head": list(q_heads),
+                "kv_head": list(kv_heads),
+                "q_token": list(q_rows) if q_rows is not None else np.arange(first.shape_q[1]),
+                "token": np.arange(first.shape_kv[1]),
             },
             attrs={
                 "store": str(self.path),

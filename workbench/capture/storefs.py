@@ -242,5 +242,8 @@ def remove_made_dirs(made: list[Path]) -> None:
 
 
 def sibling(path: Path, tag: str) -> Path:
-    """A hidden, unique sibling path of ``path`` (same filesystem, so renames are atomic)."""
+    """A hidden, unique sibling path of ``path`` (same filesystem, so renames are atomic). The
+    path is made absolute first: "." or "x/.." have no name of their own, and their "sibling"
+    would lie inside them."""
+    path = Path(os.path.abspath(path))
     return path.parent / f".{path.name}.{tag}-{os.getpid()}-{time.time_ns() % 10**9}"

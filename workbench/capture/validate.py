@@ -9,6 +9,7 @@ entry; ``CaptureReader.verify`` lists all of them.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -130,10 +131,12 @@ def root_problems(meta: dict, rel: str = "zarr.json") -> list[str]:
             SegmentLayout.from_dict(seg)
         except (ValueError, TypeError) as exc:
             out.append(f"{rel}: segment_layout {json.dumps(seg)[:200]} is not a layout ({exc})")
-    for key, want in (("softmax_scale", "a positive number"), ("causal", "true or false")):
+    for key, want in (("softmax_scale", "a finite positive number"),
+                      ("causal", "true or false")):
         if key in a and a[key] is not None:
             ok = (isinstance(a[key], bool) if key == "causal" else
-                  isinstance(a[key], _NUM) and not isinstance(a[key], bool) and a[key] > 0)
+                  isinstance(a[key], _NUM) and not isinstance(a[key], bool)
+                  and math.isfinite(a[key]) and a[key] > 0)
             if not ok:
                 out.append(f"{rel}: {key} is {a[key]!r}, expected {want}")
     if isinstance(a.get("recipe"), str) and a["recipe"] != "native":
@@ -209,11 +212,14 @@ def entry_problems(attrs: dict, rel: str, entry: str | None = None) -> list[str]
         bad("q_heads", attrs["q_heads"], f"{sq[2]} head ids below num_heads {H}")
     if len(attrs["kv_heads"]) != skv[2] or any(h >= Hkv for h in attrs["kv_heads"]):
         bad("kv_heads", attrs["kv_heads"], f"{skv[2]} head ids below num_kv_heads {Hkv}")
-    if not out and H % Hkv == 0:  # the K/V heads are exactly those the q heads read
+    if len(set(attrs["q_heads"])) != len(attrs["q_heads"]):
+        bad("q_heads", attrs["q_heads"], "distinct head ids")
+    if not out and H % Hkv == 0:  # the K/V heads are exactly those the q heads read, ascending
+        # (as every release stored them: a reordered list would re-pair heads on read)
         want = sorted({h // (H // Hkv) for h in attrs["q_heads"]})
-        if sorted(attrs["kv_heads"]) != want:
+        if list(attrs["kv_heads"]) != want:
             bad("kv_heads", attrs["kv_heads"], f"{want}, the K/V heads of q_heads "
-                f"{attrs['q_heads']} (num_heads {H} / num_kv_heads {Hkv})")
+                f"{attrs['q_heads']} in ascending order (num_heads {H} / num_kv_heads {Hkv})")
     # how the replay attends: a wrong type here silently changes it ("false" is truthy)
     kw = attrs.get("sdpa_kwargs")
     if kw is not None and not isinstance(kw, dict):

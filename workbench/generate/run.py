@@ -87,7 +87,7 @@ def generate(
     h3.check_capture_steps(capture_steps, steps, "--capture-steps", "--steps")
     check_in_range(None if capture_layers is None else [int(x) for x in capture_layers],
                    len(h3.model.transformer_blocks), "--layers", h3.name, "blocks")
-    from workbench.attention.runner import BACKENDS
+    from workbench.attention.runner import BACKENDS, default_backend
 
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"--backend: unknown {backend!r}; choose one of {BACKENDS}")
@@ -132,6 +132,10 @@ def generate(
             **(capture_kwargs or {}),
         )
     stats = {"replaced_calls": 0, "dense_policy_calls": 0, "captured_calls": 0}
+    ran: dict[str, int] = {}  # the path each replaced call took (runner.run_attention)
+    if rec is None and backend is not None:
+        print(f"note: --backend {backend} does nothing with the model's own attention (--recipe "
+              "native): diffusers' attention runs every call", file=sys.stderr)
 
     def handler(call):
         if cap_ctx is not None and cap_ctx.wants(call.step, call.layer):
@@ -143,7 +147,7 @@ def generate(
         if rec.is_dense_at(call.step, call.layer):
             stats["dense_policy_calls"] += 1
         return run_attention(call.q, call.k, call.v, rec, layout=layout, step=call.step,
-                             layer=call.layer, backend=backend)
+                             layer=call.layer, backend=backend, ran=ran)
 
     t0 = time.perf_counter()
     with AttentionInterceptor(h3.model, handler) as icpt:
@@ -179,7 +183,10 @@ def generate(
         "audio_shift": h3.config.audio_shift if h3.config else None,
         "recipe": json.loads(rec.to_json()) if rec is not None else "native",
         "recipe_string": rec.to_string() if rec is not None else "native",
-        "backend": backend or "auto",
+        # what was asked (the option, else the environment's default) and what ran
+        "backend": None if rec is None else (backend or default_backend()),
+        "attention_paths": {"kernel": ran.get("kernel", 0),
+                            "reference": ran.get("reference", 0)} if rec is not None else None,
         "segment_layout": layout.to_dict(),
         "device": str(h3.device),
         "dtype": str(h3.dtype).removeprefix("torch."),

@@ -68,6 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..attention.layout import check_scale
 from ..recipes.recipe import ROW_SUMS  # every recipe row sum has a kernel form
 from .config import DEFAULT, AttentionConfig, SparseConfig
 from .e4m3 import interpreting, round_p_to_e4m3, round_to_bf16
@@ -650,6 +651,29 @@ def _combine_kernel(PART_O, PART_ML, VS, VC, OUT, LSE, S, S_pad, H, GROUP, row_s
               INTERPRET)
 
 
+def _check_launch(qkv, num_heads: int, scale, out, row_start: int, out_f32: bool) -> None:
+    """What the kernels take on trust (they write through raw pointers): the head count, a finite
+    positive scale, rows 0 <= row_start <= S, and an ``out`` of [B, S, H, D] on q's device, unit
+    stride along D, of a dtype the kernels store (FP32 with out_f32, else BF16 / FP16). A wrong
+    buffer would be written past its end or read back uninitialised."""
+    B, H, _, D = qkv.q8.shape
+    S = qkv.seq_len
+    if num_heads != H:
+        raise ValueError(f"num_heads: {num_heads}; the quantized q has {H} heads")
+    check_scale(scale)
+    if isinstance(row_start, bool) or not isinstance(row_start, int) or not 0 <= row_start <= S:
+        raise ValueError(f"row_start: {row_start!r}; rows 0..{S} of a {S}-row sequence")
+    if out is None:
+        return
+    want = (torch.float32,) if out_f32 else (torch.bfloat16, torch.float16)
+    if tuple(out.shape) != (B, S, H, D) or out.device != qkv.q8.device or out.dtype not in want \
+            or out.stride(-1) != 1:
+        raise ValueError(f"out: {tuple(out.shape)} {out.dtype} on {out.device} (stride along D "
+                         f"{out.stride(-1)}); the kernels write [B, S, H, D] = {(B, S, H, D)} of "
+                         f"{' or '.join(str(d) for d in want)} on {qkv.q8.device}, unit stride "
+                         "along D")
+
+
 def fp8_attention_fwd(
     qkv,
     *,
@@ -688,6 +712,7 @@ def fp8_attention_fwd(
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
     c = config
+    _check_launch(qkv, num_heads, scale, out, row_start, out_f32)
     if c.flush == "fma" and D > c.max_imprecise:
         raise ValueError(f"flush='fma' flushes after head_dim={D} FP8 terms, more than "
                          f"max_imprecise={c.max_imprecise}; use flush='triton'")

@@ -31,6 +31,7 @@ several sub-tiles per V program (``V_TRANS_STORE``, ``V_SUB``: slower in every m
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 FLUSHES = ("fma", "triton")
@@ -79,16 +80,17 @@ class AttentionConfig:
             "programs"
 
     def __post_init__(self) -> None:
+        _check_ints(self, pow2=("num_warps",), positive=("num_stages", "max_imprecise"))
         if self.schedule not in SCHEDULES_DENSE:
             raise ValueError(f"AttentionConfig.schedule: {self.schedule!r}; choose one of "
                              f"{SCHEDULES_DENSE}")
         if self.flush not in FLUSHES:
             raise ValueError(f"AttentionConfig.flush: {self.flush!r}; choose one of {FLUSHES}")
         if self.block_n not in (64, 128):
-            raise ValueError(f"AttentionConfig.block_n: {self.block_n}; choose 64 or 128 "
+            raise ValueError(f"AttentionConfig.block_n: {self.block_n!r}; choose 64 or 128 "
                              "(one or two 64-token K scales per key tile)")
         if self.block_m not in (64, 128):
-            raise ValueError(f"AttentionConfig.block_m: {self.block_m}; choose 64 or 128")
+            raise ValueError(f"AttentionConfig.block_m: {self.block_m!r}; choose 64 or 128")
         if self.flush == "fma" and self.block_n > self.max_imprecise:
             raise ValueError(f"AttentionConfig: flush='fma' flushes after block_n={self.block_n} "
                              f"FP8 terms, more than max_imprecise={self.max_imprecise}; use "
@@ -116,6 +118,7 @@ class QuantConfig:
     v_perm: bool = True
 
     def __post_init__(self) -> None:
+        _check_ints(self, pow2=("qk_warps", "v_warps", "corr_rows", "corr_block_t"))
         if self.v_rows not in (32, 64, 128, 256):
             raise ValueError(f"QuantConfig.v_rows: {self.v_rows}; a power of two 32..256 "
                              "(a divisor of the 256-token padding)")
@@ -132,6 +135,21 @@ class StatsConfig:
     stages: int = 1  # software pipelining of the loop over groups (1 = none)
     heads_first: bool = True  # grid order, as QuantConfig.heads_first
     final_chunks: int = 8  # partial rows added per finalize step
+
+    def __post_init__(self) -> None:
+        _check_ints(self, pow2=("rows", "sub", "warps", "final_chunks"),
+                    positive=("unroll", "stages"))
+
+
+def _check_ints(obj, *, pow2=(), positive=()) -> None:
+    """Launch sizes: ints >= 1, powers of two where Triton's tiles need them (a bad one is named
+    here instead of failing as a division by zero or a compiler error at launch)."""
+    for name in (*pow2, *positive):
+        n = getattr(obj, name)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or (
+                name in pow2 and n & (n - 1)):
+            kind = "a power of two" if name in pow2 else "an int >= 1"
+            raise ValueError(f"{type(obj).__name__}.{name}: {n!r}; {kind}")
 
 
 SCHEDULES = ("rows", "heavy_first", "warp_specialized")
@@ -230,6 +248,11 @@ class SparseConfig:
     dense_rows_kernel: bool = True
 
     def __post_init__(self) -> None:
+        _check_ints(self, positive=("programs_per_sm",))
+        if not (isinstance(self.split_below_waves, (int, float))
+                and math.isfinite(self.split_below_waves) and self.split_below_waves > 0):
+            raise ValueError(f"SparseConfig.split_below_waves: {self.split_below_waves!r}; a "
+                             "positive number of waves")
         if self.ws_grouping not in WS_GROUPINGS:
             raise ValueError(f"SparseConfig.ws_grouping: {self.ws_grouping!r}; choose one of "
                              f"{WS_GROUPINGS}")
@@ -237,7 +260,7 @@ class SparseConfig:
             raise ValueError(f"SparseConfig.schedule: {self.schedule!r}; choose one of "
                              f"{SCHEDULES}")
         if self.kv_splits not in (None, 1, 2, 4):
-            raise ValueError(f"SparseConfig.kv_splits: {self.kv_splits}; choose 1, 2, 4 or None")
+            raise ValueError(f"SparseConfig.kv_splits: {self.kv_splits!r}; choose 1, 2, 4 or None")
         if self.summary_precision not in SUMMARY_PRECISIONS:
             raise ValueError(f"SparseConfig.summary_precision: {self.summary_precision!r}; "
                              f"choose one of {SUMMARY_PRECISIONS}")

@@ -27,12 +27,13 @@ import warnings
 
 import torch
 
-from workbench.attention.layout import SegmentLayout
+from workbench.attention.layout import SegmentLayout, check_qkv, check_scale
 from workbench.recipes import AttentionRecipe, get_recipe
 
 from . import routing, streams
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
 from .config import DEFAULT, KernelConfig, RoutingConfig
+from .e4m3 import interpreting
 from .kv_stats import kv_stats
 from .quantize import bf16_operands, quantize_qkv
 
@@ -81,8 +82,9 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
     if r.row_sum != "p_fp32" and is_bf16_sparse(r):
         return f"row_sum {r.row_sum!r}: the FP8 kernels only (BF16 sparse loops sum FP32 P)"
-    if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1]:
-        return "self-attention [B, S, H, D] operands with matching K/V"
+    if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1] or k.dim() != 4 \
+            or k.shape[0] != q.shape[0]:
+        return "self-attention [B, S, H, D] operands with matching K/V (same batch and length)"
     if q.shape[-1] not in SUPPORTED_HEAD_DIMS or k.shape[-1] != q.shape[-1]:
         return f"head dim must be one of {SUPPORTED_HEAD_DIMS}"
     if q.shape[2] % k.shape[2]:
@@ -123,6 +125,14 @@ def fp8_recipe_attention(
     why = unsupported_reason(q, k, v, recipe)
     if why:
         raise ValueError(f"fp8 kernels: {why} (recipe {recipe.to_string()!r})")
+    check_scale(scale)
+    if layout is not None and layout.total != q.shape[1]:
+        raise ValueError(f"layout: segments sum to {layout.total} rows but the sequence has "
+                         f"{q.shape[1]}")
+    if interpreting():
+        # Triton's interpreter casts NaN to a finite E4M3 code (the GPU keeps it NaN): the CPU
+        # path checks its inputs as the reference path does (a pass the GPU call does not pay)
+        check_qkv(q, k, v)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[3])
     prefix = layout.prefix_len if (recipe.dense_prefix and layout is not None) else 0
     side = prefix_rows = None
@@ -144,6 +154,8 @@ def fp8_recipe_attention(
         out[:, :prefix] = prefix_rows
     elif prefix:
         out[:, :prefix] = dense_prefix_rows(q, k, v, prefix, scale)
+    if out.dtype != q.dtype:  # a BF16 output of FP16 operands (the recipe's out_format)
+        out = out.to(q.dtype)
     return (out, lse) if return_lse else out
 
 
@@ -165,7 +177,9 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
         qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                            smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
                            config=config.quant)
-    out = torch.empty_like(q)
+    # out_format "bf16": the kernels round the output to BF16 whatever the operands' dtype (FP16
+    # operands get it back in FP16, as the reference path returns it); "fp32" / "exact": q's dtype
+    out = torch.empty_like(q, dtype=torch.bfloat16 if recipe.out_format == "bf16" else q.dtype)
     return fp8_attention_fwd(qkv, num_heads=q.shape[2], scale=scale, out=out, row_start=prefix,
                              return_lse=return_lse, p_scaling=recipe.p_scaling,
                              row_sum=recipe.row_sum, config=config.attention, routing=route,

@@ -139,7 +139,12 @@ class AttentionRecipe:
         return self.smoothing == "kv"
 
     def is_dense_at(self, step: int | None, layer: int | None) -> bool:
-        """True when the dense policy says this (step, layer) runs BF16 dense attention."""
+        """True when the dense policy says this (step, layer) runs BF16 dense attention. step and
+        layer are indices (ints >= 0) or None (not known: that side of the policy is off)."""
+        for name, x in (("step", step), ("layer", layer)):
+            if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Integral)
+                                  or x < 0):
+                raise RecipeError(f"{name}: {x!r}; an index >= 0 (or None)")
         return (step is not None and step < self.dense_steps) or (
             layer is not None and layer < self.dense_layers
         )
