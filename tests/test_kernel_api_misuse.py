@@ -122,10 +122,12 @@ def test_dense_policy_indices_are_checked(kw):
     (SparseConfig, {"programs_per_sm": 0}, "SparseConfig.programs_per_sm"),
     (AttentionConfig, {"num_warps": 0}, "AttentionConfig.num_warps"),
     (AttentionConfig, {"block_n": "64"}, "block_n: '64'"),
+    (AttentionConfig, {"max_imprecise": -1}, "max_imprecise: -1; an int >= 0"),
 ])
 def test_kernel_configs_name_bad_values(cls, kw, msg):
     with pytest.raises(ValueError, match=msg):  # were ZeroDivisionError / compiler errors
         cls(**kw)
+    AttentionConfig(flush="triton", max_imprecise=0)  # full FP32 accumulation: the reference
 
 
 def test_generate_records_the_backend_asked_and_the_paths_taken(tmp_path, monkeypatch):

@@ -80,7 +80,10 @@ class AttentionConfig:
             "programs"
 
     def __post_init__(self) -> None:
-        _check_ints(self, pow2=("num_warps",), positive=("num_stages", "max_imprecise"))
+        _check_ints(self, pow2=("num_warps",), positive=("num_stages",))
+        if isinstance(self.max_imprecise, bool) or not isinstance(self.max_imprecise, int) \
+                or self.max_imprecise < 0:  # 0: full FP32 accumulation (flush "triton")
+            raise ValueError(f"AttentionConfig.max_imprecise: {self.max_imprecise!r}; an int >= 0")
         if self.schedule not in SCHEDULES_DENSE:
             raise ValueError(f"AttentionConfig.schedule: {self.schedule!r}; choose one of "
                              f"{SCHEDULES_DENSE}")
