@@ -140,3 +140,27 @@ def test_generate_and_compare_refuse_to_replace_earlier_results(tmp_path, capsys
     assert main(["compare", "--recipes", "bf16,fp8_dense", "--model", "h3-tiny", "--out",
                  str(g), "--quiet"]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def test_compare_dirs_refuses_clips_that_are_not_the_same_clip_format(tmp_path):
+    """Frame rates, sample rates and exact clips of other sizes were compared sample by sample
+    without a word (a review's findings); an mp4-only folder is read at its own frame rate."""
+    import pytest
+
+    from workbench.generate.run import Clip
+
+    g = torch.Generator().manual_seed(0)
+    v = torch.rand(16, 3, 16, 16, generator=g)
+    au = torch.randn(8192, generator=g) * 0.1
+    write_clip(Clip(v, au, 8, 4096, {}), tmp_path / "a")
+    write_clip(Clip(v, au, 24, 4096, {}), tmp_path / "fps24")
+    write_clip(Clip(v, au, 8, 16000, {}), tmp_path / "sr16k")
+    big = v.repeat_interleave(2, -1).repeat_interleave(2, -2)
+    write_clip(Clip(big, au, 8, 4096, {}), tmp_path / "big")
+    for other, msg in (("fps24", "frame rates differ .8 vs 24"),
+                       ("sr16k", "sample rates differ .4096 vs 16000"),
+                       ("big", "the larger is an exact clip")):
+        with pytest.raises(ValueError, match=msg):
+            compare_dirs(tmp_path / "a", tmp_path / other)
+    (tmp_path / "fps24" / "clip.safetensors").unlink()  # an mp4-only folder
+    assert read_clip(tmp_path / "fps24").fps == 24  # was 8 (the default)

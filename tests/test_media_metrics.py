@@ -38,7 +38,7 @@ def test_identical_clips():
     assert m["ms_ssim"] == pytest.approx(1.0, abs=1e-6)
     assert m["frame_cosine"] == pytest.approx(1.0, abs=1e-12)
     assert m["audio_cosine"] == pytest.approx(1.0, abs=1e-12)
-    assert m["si_sdr_db"] > 100.0
+    assert m["si_sdr_db"] == math.inf  # was a finite 184 dB beside PSNR's inf
     assert m["lsd_db"] == 0.0
     assert all(x == math.inf for x in m["curves"]["psnr_db"])
 
@@ -98,3 +98,44 @@ def test_table_layout():
                 "SI-SDR", "LSD"):
         assert col in head
     assert "| inf |" in t
+
+
+def test_si_sdr_edges_are_infinite_not_epsilon_values():
+    a = _audio()
+    assert si_sdr(a, 0.5 * a) == math.inf
+    assert si_sdr(a, torch.zeros_like(a)) == -math.inf  # a silent clip was 0 dB (above a poor one)
+    assert math.isnan(si_sdr(torch.zeros_like(a), a))
+    ref = 10 * math.log10(float(a.var()) / 0.1**2)  # independent noise of sigma 0.1
+    g = torch.Generator().manual_seed(3)
+    assert si_sdr(a, a + 0.1 * torch.randn(a.shape, generator=g, dtype=a.dtype)) == \
+        pytest.approx(ref, abs=0.2)
+
+
+@pytest.mark.parametrize("case, msg", [
+    ("short_audio", "audio lengths differ: 8192 samples"),  # was cut to the shorter, silently
+    ("no_audio", "test clip has no audio"),  # was a torch traceback
+    ("range", r"values in \[-0.5"),  # [-1, 1] frames: PSNR / SSIM on the wrong scale
+    ("nan", "non-finite values \\(first in frame 1\\)"),
+    ("tiny", "frames of 4 x 4 px"),
+])
+def test_compare_media_refuses_mismatched_or_invalid_clips(case, msg):
+    v, a = _clip(), _audio()
+    tv, ta, rv = v.clone(), a.clone(), v
+    if case == "short_audio":
+        ta = a[:4096]
+    elif case == "no_audio":
+        ta = torch.zeros(0)
+    elif case == "range":
+        tv = v * 2 - 1
+    elif case == "nan":
+        tv[1, 0, 3, 3] = float("nan")
+    else:
+        rv, tv = _clip(H=4, W=4), _clip(H=4, W=4)
+    with pytest.raises(ValueError, match=msg):
+        compare_media(rv, tv, a, ta)
+
+
+def test_short_audio_has_no_lsd():
+    v, a = _clip(), _audio(n=100)
+    m = compare_media(v, v.clone(), a, a.clone())
+    assert m["lsd_db"] is None and m["audio_cosine"] == pytest.approx(1.0)  # was a traceback

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -111,7 +112,14 @@ def _svg_curves(curves: dict[str, list[float]], title: str) -> str:
 
 def compare_clips(a, b, out: str | Path | None = None, name_a: str = "A",
                   name_b: str = "B") -> dict:
-    """Metrics of clip b against clip a; writes the artifacts into `out` when given."""
+    """Metrics of clip b against clip a; writes the artifacts into `out` when given. The clips
+    must share their frame rate and (with audio) sample rate: the metrics compare sample i with
+    sample i, which would silently mean different times."""
+    if a.fps != b.fps:
+        raise ValueError(f"{name_a} and {name_b}: frame rates differ ({a.fps} vs {b.fps} fps)")
+    if a.audio.numel() and b.audio.numel() and a.sample_rate != b.sample_rate:
+        raise ValueError(f"{name_a} and {name_b}: audio sample rates differ ({a.sample_rate} vs "
+                         f"{b.sample_rate} Hz)")
     m = compare_media(a.video, b.video, a.audio, b.audio)
     if out is None:
         return m
@@ -147,10 +155,19 @@ def compare_dirs(dir_a: str | Path, dir_b: str | Path, out: str | Path | None = 
     """Compare the clip folder `dir_b` against `dir_a` (written by ``write_clip``)."""
     a, b = read_clip(dir_a), read_clip(dir_b)
     va, vb = a.video, b.video
+    if Path(dir_a).resolve() == Path(dir_b).resolve():
+        print(f"note: {dir_a} is compared with itself (identical: inf / 1.0 throughout)",
+              file=sys.stderr)
     if va.shape != vb.shape:
         # a folder with only video.mp4 is read at its viewing size (frames enlarged by an integer
-        # factor, write_clip): bring it back to the other's size by averaging each f x f block
+        # factor, write_clip): bring it back to the other's size by averaging each f x f block.
+        # Two exact clips of other sizes are two clips, not one at two sizes: refused.
+        exact = [(Path(d) / "clip.safetensors").exists() for d in (dir_a, dir_b)]
         small, big = (va, vb) if va.shape[-1] < vb.shape[-1] else (vb, va)
+        if exact[0 if big is va else 1]:
+            raise ValueError(f"{dir_a} and {dir_b}: video shapes {tuple(va.shape)} and "
+                             f"{tuple(vb.shape)} differ (the larger is an exact clip, not a "
+                             "viewing-size mp4)")
         f = big.shape[-1] // small.shape[-1]
         if big.shape[:2] != small.shape[:2] or f < 1 or \
                 tuple(big.shape[-2:]) != (small.shape[-2] * f, small.shape[-1] * f):

@@ -275,10 +275,15 @@ def read_clip(folder: str | Path) -> Clip:
 
     frames = torch.from_numpy(iio.imread(str(mp4)))
     video = frames.permute(0, 3, 1, 2).float() / 255.0
+    try:  # the container's frame rate (a 24 fps mp4 was read as 8 fps)
+        fps = float(iio.immeta(str(mp4)).get("fps") or 0)
+    except Exception:  # noqa: BLE001 - no metadata plugin: the config's, else the default
+        fps = 0.0
+    fps = round(fps) if fps > 0 else int(cfg.get("fps", 8))
     audio, sr = torch.zeros(0), 0
     if wav.exists():
         import soundfile as sf
 
         a, sr = sf.read(str(wav), dtype="float32", always_2d=True)
         audio = torch.from_numpy(a.mean(axis=1))
-    return Clip(video, audio, int(cfg.get("fps", 8)), int(sr), cfg)
+    return Clip(video, audio, fps, int(sr), cfg)

@@ -1,16 +1,22 @@
 """Frame- and audio-level metrics of a test clip against a reference clip (the same-seed BF16 run).
 
-Frames: video tensors [T, 3, H, W] float in [0, 1] (data range 1). Audio: waveforms [N] float.
+Frames: video tensors [T, 3, H, W] float in [0, 1] (data range 1; other ranges, non-finite values
+and frames under 6 px are refused). Audio: waveforms [N] float of one length (clips with audio
+of other lengths are refused, not cut; LSD is None below 129 samples).
 
 - frame cosine: cosine similarity of the flattened clips (and per frame).
 - PSNR: 10 log10(1 / MSE) over the whole clip (per frame for the curves); inf when identical.
-- SSIM mean / min: torchmetrics SSIM (Gaussian 11 x 11, sigma 1.5) per frame, mean and worst frame.
+- SSIM mean / min: torchmetrics SSIM (Gaussian 11 x 11, sigma 1.5, C1 = 0.01^2, C2 = 0.03^2,
+  channels averaged; every pixel scored, the frame padded by reflection, so on 16 px frames it
+  differs from the windows-inside-the-frame convention: 0.9958 vs 0.9951 on an h3-nano pair)
+  per frame, mean and worst frame (NaN when a frame's is).
 - MS-SSIM: torchmetrics' 5-scale MS-SSIM per frame, averaged. The standard 5 scales need frames of
   at least 161 px, so smaller frames are first enlarged by nearest-neighbour repetition with an
   integer factor (what a viewer sees in the enlarged mp4; no new content is invented).
 - audio cosine: cosine similarity of the waveforms.
-- SI-SDR: scale-invariant signal-to-distortion ratio in dB (torchmetrics), reference = clip A.
-  Invariant to gain; a delay is not compensated (a pure delay lowers it).
+- SI-SDR: scale-invariant signal-to-distortion ratio in dB, reference = clip A (``si_sdr``: inf
+  when identical up to gain, -inf for a silent test clip). Invariant to gain; a delay is not
+  compensated (a pure delay lowers it).
 - log-spectral distance (LSD, dB): for every STFT frame (Hann window ``n_fft``, hop n_fft / 4), the
   RMS over frequency bins of the difference of the log power spectra
   10 log10(|X_a|^2 + eps) - 10 log10(|X_b|^2 + eps), averaged over STFT frames. 0 when identical.
@@ -23,6 +29,8 @@ import math
 import torch
 
 MS_SSIM_MIN_SIDE = 176  # > (11 - 1) * 2^4 = 160, the 5-scale MS-SSIM constraint
+MIN_SIDE = 6  # torchmetrics' SSIM pads each side by 5 px (reflection needs a larger frame)
+LSD_N_FFT = 256
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -81,17 +89,28 @@ def ms_ssim(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def si_sdr(reference: torch.Tensor, estimate: torch.Tensor) -> float:
-    """Scale-invariant SDR (dB) of `estimate` against `reference` (zero-mean per torchmetrics)."""
-    from torchmetrics.functional.audio import scale_invariant_signal_distortion_ratio
+    """Scale-invariant SDR (dB) of `estimate` against `reference`, both made zero-mean:
+    10 log10(|a r|^2 / |e - a r|^2) with a = <e, r> / <r, r>. inf when the estimate is the
+    reference up to gain, -inf when it has no component along it (a silent estimate), NaN for a
+    silent reference (undefined). No epsilon: torchmetrics' gave a silent estimate 0 dB (better
+    than a poor one) and identical clips a finite 184 dB."""
+    r = reference.detach().double().reshape(-1)
+    e = estimate.detach().double().reshape(-1)
+    r, e = r - r.mean(), e - e.mean()
+    rr = float(r @ r)
+    if rr == 0:
+        return math.nan
+    target = (float(e @ r) / rr) * r
+    noise = e - target
+    tn, nn = float(target @ target), float(noise @ noise)
+    if tn == 0:  # nothing of the reference in it (a silent estimate has no noise either)
+        return -math.inf
+    if nn == 0:
+        return math.inf
+    return 10.0 * math.log10(tn / nn)
 
-    return float(
-        scale_invariant_signal_distortion_ratio(
-            estimate.double(), reference.double(), zero_mean=True
-        )
-    )
 
-
-def log_spectral_distance(a: torch.Tensor, b: torch.Tensor, n_fft: int = 256,
+def log_spectral_distance(a: torch.Tensor, b: torch.Tensor, n_fft: int = LSD_N_FFT,
                           eps: float = 1e-10) -> float:
     """LSD in dB: per STFT frame, RMS over bins of the log-power difference; mean over frames."""
     win = torch.hann_window(n_fft, dtype=torch.float64)
@@ -118,12 +137,14 @@ def compare_media(
             raise ValueError(
                 f"video shapes differ: {tuple(ref_video.shape)} vs {tuple(test_video.shape)}"
             )
+        for which, v in (("reference", ref_video), ("test", test_video)):
+            _check_frames(which, v)
         s = per_frame_ssim(ref_video, test_video)
         out.update(
             frame_cosine=cosine(ref_video, test_video),
             psnr_db=psnr(ref_video, test_video),
             ssim_mean=float(sum(s) / len(s)),
-            ssim_min=float(min(s)),
+            ssim_min=math.nan if any(math.isnan(x) for x in s) else float(min(s)),
             ms_ssim=ms_ssim(ref_video, test_video),
             curves={
                 "psnr_db": per_frame_psnr(ref_video, test_video),
@@ -131,15 +152,40 @@ def compare_media(
                 "cosine": per_frame_cosine(ref_video, test_video),
             },
         )
-    if ref_audio is not None and test_audio is not None:
-        n = min(ref_audio.numel(), test_audio.numel())
-        ra, ta = ref_audio.reshape(-1)[:n], test_audio.reshape(-1)[:n]
+    ra = None if ref_audio is None or ref_audio.numel() == 0 else ref_audio.reshape(-1)
+    ta = None if test_audio is None or test_audio.numel() == 0 else test_audio.reshape(-1)
+    if (ra is None) != (ta is None):
+        which = "reference" if ra is None else "test"
+        raise ValueError(f"the {which} clip has no audio and the other has: compare clips with "
+                         "audio on both sides or none")
+    if ra is not None:
+        if ra.numel() != ta.numel():  # was cut to the shorter, silently
+            raise ValueError(f"audio lengths differ: {ra.numel()} samples (reference) vs "
+                             f"{ta.numel()} (test)")
+        short = ra.numel() <= LSD_N_FFT // 2  # the STFT's centred frames need more samples
         out.update(
             audio_cosine=cosine(ra, ta),
             si_sdr_db=si_sdr(ra, ta),
-            lsd_db=log_spectral_distance(ra, ta),
+            lsd_db=None if short else log_spectral_distance(ra, ta),
         )
     return out
+
+
+def _check_frames(which: str, v: torch.Tensor) -> None:
+    """Frames [T, C, H, W] in [0, 1], finite, at least SSIM's window margin in size."""
+    if v.dim() != 4 or v.shape[0] == 0:
+        raise ValueError(f"{which} video: {tuple(v.shape)}; expected frames [T, C, H, W]")
+    if min(v.shape[-2:]) < MIN_SIDE:
+        raise ValueError(f"{which} video: frames of {v.shape[-2]} x {v.shape[-1]} px; SSIM's "
+                         f"11 x 11 window needs at least {MIN_SIDE} x {MIN_SIDE}")
+    bad = ~torch.isfinite(v)
+    if bool(bad.any()):
+        t = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{which} video: non-finite values (first in frame {t})")
+    lo, hi = float(v.min()), float(v.max())
+    if lo < -1e-6 or hi > 1 + 1e-6:  # PSNR's peak and SSIM's constants assume [0, 1]
+        raise ValueError(f"{which} video: values in [{lo:.3g}, {hi:.3g}]; frames must be in "
+                         "[0, 1] (decoded H3 frames in [-1, 1]: (x + 1) / 2)")
 
 
 TABLE_COLUMNS = [
