@@ -3,6 +3,7 @@
 import json
 import time
 
+import pytest
 import torch
 
 from workbench.models import (
@@ -38,6 +39,23 @@ def test_packing_matches_diffusers_modular_pipeline():
     seg = lay.segments
     assert (seg.text, seg.audio, seg.video) == (7, 10, 6 * 6 * 10)
     assert lay.token_tags[0] == TEXT_TAG and lay.token_tags[7] == AUDIO_TAG
+
+
+@pytest.mark.parametrize("frames, lh, lw, patch", [(32, 48, 84, (1, 2, 2)),  # the live grid
+                                                    (2, 16, 24, (1, 2, 4))])  # a non-square patch
+def test_packing_positions_are_diffusers_bit_for_bit(frames, lh, lw, patch):
+    """The live grid differed by 1.4e-14 (torch's arange against numpy's linspace) and a non-square
+    patch by 5.7 (the area of the patched grid against the latent's; a review's findings)."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+        MiniMaxH3PrepareLayoutStep,
+    )
+
+    ref = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+        torch.ones(14, dtype=torch.long), frames, lh, lw, 3, patch, 2, AUDIO_TAG, VIDEO_TAG)
+    lay = build_packed_layout(num_text=14, num_audio_latents=3, audio_channels=2,
+                              video_grid=(frames, lh // patch[1], lw // patch[2]),
+                              patch_hw=patch[1:])
+    assert torch.equal(lay.position_ids, ref[0])
 
 
 def test_patchify_matches_diffusers_and_round_trips():
@@ -108,3 +126,43 @@ def test_bad_names_are_clear(tmp_path):
         load_model(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="knows the classes"):
         load_model("h3-tiny").encode_prompt("a purple cube")
+
+
+def test_model_inputs_are_named_and_kept(tmp_path):
+    """A review's findings: the first class named in the text wins (was the first class in the
+    list), punctuation separates words, a shift of 0 is passed on (was the default, silently), a
+    dtype given as a string or an int dtype is named, a bare diffusers folder says why it cannot
+    sample (was an AttributeError), a bool is not a class index."""
+    h = load_model("h3-tiny")
+    assert h.class_of("a blue ball, then a red one") == 2
+    assert h.class_of("Red.") == 0 and h.class_of("a red. ball") == 0
+    with pytest.raises(ValueError, match="a text or a class index"):
+        h.class_of(True)
+    with pytest.raises(ValueError, match="shift"):
+        h.sample("red", seed=0, steps=2, video_shift=0.0)
+    for dt in ("bfloat16", torch.int64):
+        with pytest.raises(ValueError, match="^dtype: "):
+            load_model("h3-tiny", dtype=dt)
+    folder = tmp_path / "bare"
+    h.model.save_pretrained(folder)  # no workbench.json: no clip geometry
+    with pytest.raises(ValueError, match="no clip geometry"):
+        load_model(str(folder)).sample("red", steps=2)
+
+
+def test_generate_records_the_checkpoint_that_was_loaded(tmp_path):
+    """A fine-tuned h3-nano keeps the name "h3-nano" in its config: the clip and a capture named
+    the embedded checkpoint's hash (a review's finding); now the loaded file's."""
+    from workbench.capture.identity import checkpoint_id, file_sha256
+    from workbench.generate import generate
+
+    h = load_model("h3-nano")
+    with torch.no_grad():
+        h.model.proj_out.bias.add_(0.5)
+    path = save_checkpoint(h, tmp_path / "my_ft.safetensors")
+    ft = load_model(str(path))
+    assert ft.name == "h3-nano" and ft.source == str(path)
+    clip = generate(ft, "red", seed=0, steps=2, recipe=None, progress=False,
+                    capture=tmp_path / "ft.zarr", capture_layers=[0], capture_steps=[0])
+    assert clip.config["checkpoint_sha256"] == file_sha256(path)
+    root = json.loads((tmp_path / "ft.zarr" / "zarr.json").read_text())
+    assert root["attributes"]["checkpoint_id"] == checkpoint_id(path) != checkpoint_id("h3-nano")

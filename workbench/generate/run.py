@@ -125,7 +125,8 @@ def generate(
             recipe=rec.to_json() if rec is not None else "native", seed=seed,
             prompt=str(prompt), progress=False,
             rotated_channels=h3_rotated_channels(h3.model),
-            extra_attrs={**meta, "model_name": h3.name, "checkpoint_id": checkpoint_id(h3.name),
+            extra_attrs={**meta, "model_name": h3.name,
+                         "checkpoint_id": checkpoint_id(h3.source or h3.name),
                          "model_dtype": str(h3.dtype).removeprefix("torch."),
                          "sampling_grid_points": grid,
                          "h3_config": h3.config.to_dict() if h3.config else None},
@@ -170,11 +171,13 @@ def generate(
     from workbench.capture.identity import file_sha256
     from workbench.models.registry import CHECKPOINTS
 
-    ckpt = CHECKPOINTS.get(h3.name)
+    # the weights that ran: the file loaded (a fine-tuned nano keeps the name "h3-nano")
+    src = getattr(h3, "source", None)
+    ckpt = Path(src) if src else CHECKPOINTS.get(h3.name)
     cfg = {
         "model": h3.name,
         "model_config": h3.config.to_dict() if h3.config else dict(h3.model.config),
-        "checkpoint_sha256": file_sha256(ckpt) if ckpt else None,
+        "checkpoint_sha256": file_sha256(ckpt) if ckpt and ckpt.is_file() else None,
         "prompt": prompt,
         "prompt_class": h3.config.classes[h3.class_of(prompt)] if h3.config else None,
         "seed": seed,

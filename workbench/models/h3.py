@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import torch
 
 from workbench.layout import SegmentLayout
@@ -56,11 +57,14 @@ class PackedLayout:
         )
 
 
-def _spatial_grid(dim: int, sqrt_area: float) -> torch.Tensor:
-    """H3's aspect-normalised axis: `dim` coordinates centred on [0, 1), scaled by 32 (float64)."""
-    ratio = dim / sqrt_area
+def _spatial_grid(latent_dim: int, patch: int, sqrt_area: float) -> torch.Tensor:
+    """H3's aspect-normalised axis: latent_dim // patch coordinates centred on [0, 1), scaled by
+    32 (float64). sqrt_area is that of the unpatched latent, and the grid is numpy's
+    ``linspace(endpoint=False)`` as diffusers builds it (bit for bit)."""
+    ratio = latent_dim / sqrt_area
     left = (1.0 - ratio) / 2.0
-    return (left + torch.arange(dim, dtype=torch.float64) * (ratio / dim)) * 32.0
+    grid = np.linspace(left, left + ratio, latent_dim // patch, endpoint=False) * 32.0
+    return torch.from_numpy(grid).to(torch.float64)
 
 
 def _h3_temporal_grid(num_latent_frames: int, origin: float) -> torch.Tensor:
@@ -77,13 +81,17 @@ def build_packed_layout(
     audio_channels: int,
     video_grid: tuple[int, int, int],
     video_time_step: float | None = None,
+    patch_hw: tuple[int, int] = (2, 2),
 ) -> PackedLayout:
     """Build the packed ``[text | audio | video]`` layout.
 
     num_text: text rows. num_audio_latents x audio_channels: audio rows (channel-major).
     video_grid: (frames, rows, cols) of video patches, i.e. latent (T/pt, H/ph, W/pw).
+    patch_hw: the patch's (ph, pw): the spatial axes are normalised by the unpatched latent's
+    area, so a non-square patch changes the coordinates (H3's 2 x 2 patch: the default).
     video_time_step: rotary time between consecutive video patch frames; None = H3's
-    non-uniform 5/3 * (1, 4, 4, 4, 4) spacing (identical to diffusers' modular pipeline).
+    non-uniform 5/3 * (1, 4, 4, 4, 4) spacing. The positions equal those of diffusers' modular
+    pipeline (``MiniMaxH3PrepareLayoutStep.build_packed_sequence``) bit for bit.
     """
     nt, nh, nw = video_grid
     n_audio = num_audio_latents * audio_channels
@@ -94,8 +102,9 @@ def build_packed_layout(
 
     pos = torch.zeros(seq, 3, dtype=torch.float64)
     pos[:num_text, 0] = torch.arange(num_text, dtype=torch.float64)
-    sqrt_area = float(nh * nw) ** 0.5
-    hgrid, wgrid = _spatial_grid(nh, sqrt_area), _spatial_grid(nw, sqrt_area)
+    ph, pw = patch_hw
+    sqrt_area = float(np.sqrt((nh * ph) * (nw * pw)))
+    hgrid, wgrid = _spatial_grid(nh * ph, ph, sqrt_area), _spatial_grid(nw * pw, pw, sqrt_area)
     hh, ww = torch.meshgrid(hgrid, wgrid, indexing="ij")
     frame_grid = torch.stack([hh.reshape(-1), ww.reshape(-1)], dim=-1)  # [rows_per_frame, 2]
 
@@ -253,6 +262,7 @@ class ClipSpec:
             audio_channels=1,
             video_grid=self.video_grid,
             video_time_step=self.video_time_step,
+            patch_hw=tuple(self.patch[1:]),
         )
 
     def to_dict(self) -> dict:

@@ -12,6 +12,8 @@ is guidance-distilled).
 from __future__ import annotations
 
 import json
+import numbers
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,14 +76,19 @@ class H3Model:
     """A MiniMax-H3 transformer with its config, packing and sampler.
 
     Attributes: model (diffusers MiniMaxH3Transformer3DModel), name, config (H3Config or None for
-    a bare diffusers folder), prompt_embeddings [n_classes, num_text, text_dim] or None.
+    a bare diffusers folder), prompt_embeddings [n_classes, num_text, text_dim] or None, source:
+    the checkpoint file or folder the weights were loaded from (None: built from a seed). The
+    name comes from the checkpoint's config, so a fine-tuned h3-nano is still named "h3-nano":
+    its weights' identity is the source's.
     """
 
-    def __init__(self, model, name: str, config: H3Config | None, prompt_embeddings=None):
+    def __init__(self, model, name: str, config: H3Config | None, prompt_embeddings=None,
+                 source: str | None = None):
         self.model = model
         self.name = name
         self.config = config
         self.prompt_embeddings = prompt_embeddings
+        self.source = source
         self._layout: PackedLayout | None = None
 
     @property
@@ -104,17 +111,24 @@ class H3Model:
     # -- prompts -----------------------------------------------------------------------------
     def class_of(self, prompt: str | int | None) -> int:
         """Map a prompt to its class: an index, or the first class name found in the text."""
+        if self.config is None:
+            raise ValueError(f"model {self.name!r}: no prompt classes (bare diffusers folder); "
+                             "pass text_embeds")
         classes = self.config.classes
         if prompt is None:
             return 0
-        if isinstance(prompt, int):
+        if isinstance(prompt, numbers.Integral) and not isinstance(prompt, bool):
             if not 0 <= prompt < len(classes):
                 raise ValueError(f"prompt class {prompt} out of range 0..{len(classes) - 1}")
-            return prompt
-        words = prompt.lower().replace(",", " ").split()
-        for i, c in enumerate(classes):
-            if c in words:
-                return i
+            return int(prompt)
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt {prompt!r}: a text or a class index (an int), got "
+                             f"{type(prompt).__name__}")
+        # the first class named in the text, in the text's order ("a blue ball, then a red one"
+        # is blue); punctuation separates words
+        for word in re.findall(r"[a-z0-9]+", prompt.lower()):
+            if word in classes:
+                return list(classes).index(word)
         raise ValueError(
             f"prompt {prompt!r}: {self.name} knows the classes {list(classes)}; name one "
             f"(e.g. 'a {classes[0]} ball bouncing')"
@@ -185,6 +199,9 @@ class H3Model:
         from diffusers.schedulers.scheduling_minimax_h3 import MiniMaxH3Scheduler
 
         cfg = self.config
+        if cfg is None:
+            raise ValueError(f"model {self.name!r}: no clip geometry (bare diffusers folder): "
+                             "sample() needs a workbench checkpoint's config")
         clip = cfg.clip
         steps = self.grid_points(steps)
         text = self.encode_prompt(prompt) if text_embeds is None else text_embeds.to(self.device)
@@ -194,8 +211,9 @@ class H3Model:
         dev = self.device
         xv = patchify_video(noise_v, clip.patch).to(dev)
         xa = noise_a.to(dev)
-        sv = MiniMaxH3Scheduler(shift=video_shift or cfg.video_shift)
-        sa = MiniMaxH3Scheduler(shift=audio_shift or cfg.audio_shift)
+        # None: the model's shift (a given 0 is passed on, and the scheduler refuses it)
+        sv = MiniMaxH3Scheduler(shift=cfg.video_shift if video_shift is None else video_shift)
+        sa = MiniMaxH3Scheduler(shift=cfg.audio_shift if audio_shift is None else audio_shift)
         sv.set_timesteps(steps, device=dev)
         sa.set_timesteps(steps, device=dev)
         if len(sv.timesteps) != len(sa.timesteps):
@@ -310,25 +328,33 @@ def load_model(
 ) -> H3Model:
     """Load a registered model by name or a local checkpoint; never touches the network."""
     key = str(name_or_path)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype: {dtype!r}; a floating torch dtype (torch.float32, "
+                         "torch.bfloat16, ...)")
     if key in CHECKPOINTS:
         path = CHECKPOINTS[key]
         if not path.exists():
             raise FileNotFoundError(f"model {key!r}: checkpoint {path} is missing (train it: "
                                     "python -m workbench.models.train_h3_nano)")
-        return _load_safetensors(path, device, dtype)
+        return _sourced(_load_safetensors(path, device, dtype), path)
     if key in CONFIGS:
         config = CONFIGS[key]
         model = _cast(_build_transformer(config, config.seed), dtype).to(device)
         return H3Model(model, config.name, config, prompt_table(config))
     path = Path(key)
     if path.is_file() and path.suffix == ".safetensors":
-        return _load_safetensors(path, device, dtype)
+        return _sourced(_load_safetensors(path, device, dtype), path)
     if path.is_dir() and (path / "config.json").exists():
-        return _load_diffusers_dir(path, device, dtype)
+        return _sourced(_load_diffusers_dir(path, device, dtype), path)
     raise ValueError(
         f"model {key!r}: not a registered name ({sorted(set(CONFIGS) | set(CHECKPOINTS))}), "
         "a workbench .safetensors file, or a diffusers folder with config.json"
     )
+
+
+def _sourced(h3: H3Model, path: Path) -> H3Model:
+    h3.source = str(path)
+    return h3
 
 
 def list_models() -> list[str]:
