@@ -128,6 +128,12 @@ def test_kernel_configs_name_bad_values(cls, kw, msg):
     with pytest.raises(ValueError, match=msg):  # were ZeroDivisionError / compiler errors
         cls(**kw)
     AttentionConfig(flush="triton", max_imprecise=0)  # full FP32 accumulation: the reference
+    import numpy as np
+
+    AttentionConfig(num_warps=np.int64(4))  # numpy numbers are numbers
+    SparseConfig(split_below_waves=np.float32(2.0))
+    with pytest.raises(ValueError, match="split_below_waves"):
+        SparseConfig(split_below_waves=True)
 
 
 def test_generate_records_the_backend_asked_and_the_paths_taken(tmp_path, monkeypatch):

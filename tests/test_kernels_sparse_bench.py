@@ -446,6 +446,15 @@ def test_bench_outputs_replace_only_their_own_marked_files(tmp_path):
         tables.check_report_files(ns)
 
 
+def test_bench_help_names_its_options(capsys):
+    from workbench.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    assert "--rows ROWS" in out and "BENCH_TOP" not in out
+
+
 def test_bench_options_are_checked_and_named(capsys):
     """Options that were silently ignored or failed late are refused up front, naming the option
     and the subcommand."""

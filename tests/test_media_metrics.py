@@ -139,3 +139,11 @@ def test_short_audio_has_no_lsd():
     v, a = _clip(), _audio(n=100)
     m = compare_media(v, v.clone(), a, a.clone())
     assert m["lsd_db"] is None and m["audio_cosine"] == pytest.approx(1.0)  # was a traceback
+
+
+def test_table_shows_minus_inf_for_a_silent_test_clip():
+    v, a = _clip(), _audio()
+    m = compare_media(v, v.clone(), a, torch.zeros_like(a))
+    assert m["si_sdr_db"] == -math.inf
+    row = next(ln for ln in media_table({"silent": m}, "ref").splitlines() if "silent" in ln)
+    assert "| -inf |" in row  # was "inf", the best score

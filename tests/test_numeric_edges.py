@@ -15,6 +15,7 @@ from workbench.attention import dense_attention_f64, recipe_attention
 from workbench.attention.layout import InputError, select_heads
 from workbench.evaluate import evaluate
 from workbench.metrics import error_stats, per_head
+from workbench.recipes import get_recipe
 
 
 def _ref64(q, k, v):
@@ -100,7 +101,7 @@ def test_fp8_scales_outside_float32_are_named(factor, dtype):
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 64, 1, 16, dtype=torch.float64, generator=g) for _ in range(3))
     v = (v * factor).to(dtype)
-    with pytest.raises(InputError, match=r"^v: largest \|value\|.*float32"):
+    with pytest.raises(InputError, match=r"^v \(fp8_e4m3\): largest \|value\|.*float32"):
         # was: an all-zero output (1e-50), a float64-range overflow message (1e40), or NaN codes
         # blamed on k (1e-43)
         recipe_attention(q.to(dtype), k.to(dtype), v, "fp8_dense:out_format=exact")
@@ -141,3 +142,29 @@ def test_evaluate_names_bad_rows(kw, msg):
     with pytest.raises(ValueError, match=f"^{msg}: "):  # were bare TypeErrors
         evaluate(q, q, q, {"a": "exact"}, **kw)
 
+
+
+def test_numbers_of_other_types_are_still_taken():
+    """The checks above refuse bools, fractions and non-finite values, not numpy or torch
+    numbers (a review of this change: np.int64 rows, a 0-dim tensor scale, a torch step)."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 32, 1, 16, generator=g) for _ in range(3))
+    c = evaluate(q, k, v, {"a": "exact"}, n_queries=np.int64(8))
+    assert len(c.query_rows) == 8
+    a = recipe_attention(q, k, v, "exact", scale=torch.tensor(0.125)).out
+    b = recipe_attention(q, k, v, "exact", scale=0.125).out
+    assert torch.equal(a, b)
+    r = get_recipe("fp8_sol_kv_corrected")
+    assert r.at(step=torch.tensor(1)).name.endswith("@dense_policy")
+    assert r.at(step=np.int64(12), layer=3.0) is r
+
+
+def test_cosine_of_tensors_with_far_apart_norms():
+    g = torch.Generator().manual_seed(7)
+    r = torch.randn(1_000_000, generator=g)
+    x = 1e4 * r + torch.randn(1_000_000, generator=g)
+    xd, rd = x.double(), r.double()
+    true = float(xd @ rd / (xd.norm() * rd.norm()))
+    assert error_stats(x, r)["cosine"] == pytest.approx(true, abs=1e-6)  # was 2.3e-4 off

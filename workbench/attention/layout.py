@@ -92,8 +92,11 @@ def check_scale(scale) -> None:
     surface later as an overflow blamed on q, k or v, or as an all-NaN kernel output)."""
     if scale is None:
         return
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not (
-            math.isfinite(scale) and scale > 0):
+    value = scale
+    if isinstance(scale, torch.Tensor) and scale.numel() == 1 and scale.dtype.is_floating_point:
+        value = float(scale)  # a 0-dim tensor from a model's config
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            math.isfinite(value) and value > 0):
         raise InputError(f"scale: {scale!r}; the softmax scale must be a finite positive number "
                          f"(None: 1/sqrt(head_dim))")
 

@@ -392,18 +392,16 @@ def _check_scale_range(operands) -> None:
 
     operands: [(name, x [B, S, H, D] as quantized (centred when smoothed), format)]."""
     f32 = torch.finfo(torch.float32)
-    bad, lo_all = {}, None
+    bad = []
     for name, x, fmt in operands:
         amax = float(x.detach().abs().amax())
         lo = FORMAT_MAX[fmt] * f32.tiny
-        lo_all = lo
         if math.isfinite(amax) and (0 < amax < lo or amax > f32.max):
-            bad[name] = amax
+            bad.append(f"{name} ({fmt}): largest |value| {amax:.3g}, representable "
+                       f"{lo:.2g} to {f32.max:.3g}")
     if bad:
-        raise InputError(
-            f"{' and '.join(bad)}: largest |value| {max(bad.values()):.3g} is outside what "
-            f"float32 FP8 / INT8 scales can represent (|values| from {lo_all:.2g} to "
-            f"{f32.max:.3g}: the scales are float32, as on the GPU); rescale the input")
+        raise InputError(f"{'; '.join(bad)}: outside what float32 scales can represent (the "
+                         "scales are float32, as on the GPU); rescale the input")
 
 
 def _expand_heads(t: torch.Tensor, group: int) -> torch.Tensor:

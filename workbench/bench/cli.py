@@ -46,6 +46,8 @@ def register(subparsers) -> None:
     for a in p._actions:
         if a.option_strings and a.dest != "help":
             defaults[a.dest] = a.default
+            if a.nargs != 0 and a.metavar is None:  # the help keeps the option's own name
+                a.metavar = a.dest.upper()
             a.dest, a.default = TOP + a.dest, argparse.SUPPRESS
     p.set_defaults(func=main, bench_defaults=defaults)
     kinds = p.add_subparsers(dest="bench_kind", metavar="{sparse,dit}")

@@ -32,6 +32,7 @@ several sub-tiles per V program (``V_TRANS_STORE``, ``V_SUB``: slower in every m
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 
 FLUSHES = ("fma", "triton")
@@ -81,7 +82,8 @@ class AttentionConfig:
 
     def __post_init__(self) -> None:
         _check_ints(self, pow2=("num_warps",), positive=("num_stages",))
-        if isinstance(self.max_imprecise, bool) or not isinstance(self.max_imprecise, int) \
+        if isinstance(self.max_imprecise, bool) \
+                or not isinstance(self.max_imprecise, numbers.Integral) \
                 or self.max_imprecise < 0:  # 0: full FP32 accumulation (flush "triton")
             raise ValueError(f"AttentionConfig.max_imprecise: {self.max_imprecise!r}; an int >= 0")
         if self.schedule not in SCHEDULES_DENSE:
@@ -149,7 +151,7 @@ def _check_ints(obj, *, pow2=(), positive=()) -> None:
     here instead of failing as a division by zero or a compiler error at launch)."""
     for name in (*pow2, *positive):
         n = getattr(obj, name)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or (
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1 or (
                 name in pow2 and n & (n - 1)):
             kind = "a power of two" if name in pow2 else "an int >= 1"
             raise ValueError(f"{type(obj).__name__}.{name}: {n!r}; {kind}")
@@ -252,8 +254,9 @@ class SparseConfig:
 
     def __post_init__(self) -> None:
         _check_ints(self, positive=("programs_per_sm",))
-        if not (isinstance(self.split_below_waves, (int, float))
-                and math.isfinite(self.split_below_waves) and self.split_below_waves > 0):
+        w = self.split_below_waves
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not (
+                math.isfinite(w) and w > 0):
             raise ValueError(f"SparseConfig.split_below_waves: {self.split_below_waves!r}; a "
                              "positive number of waves")
         if self.ws_grouping not in WS_GROUPINGS:

@@ -204,7 +204,7 @@ def _cell(v, fmt: str) -> str:
     if v is None:
         return "-"
     if isinstance(v, float) and math.isinf(v):
-        return "inf"
+        return "inf" if v > 0 else "-inf"  # a silent test clip's SI-SDR is -inf, the worst
     return fmt.format(v)
 
 

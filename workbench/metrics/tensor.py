@@ -79,9 +79,12 @@ def _from_moments(d2, r2, x2, xr, maxd, n) -> dict[str, float]:
     d2, r2, x2, xr, maxd, n = (float(t) for t in (d2, r2, x2, xr, maxd, n))
     err, nref, nx = math.sqrt(d2), math.sqrt(r2), math.sqrt(x2)
     if nx > 0 and nref > 0:
-        # 1 - cos = (|x - ref|^2 - (|x| - |ref|)^2) / (2 |x| |ref|): exact algebra, and no
-        # cancellation of two numbers near 1 when x is close to ref.
-        cos = 1.0 - (d2 - (nx - nref) ** 2) / (2.0 * nx * nref)
+        if max(nx, nref) <= 2.0 * min(nx, nref):
+            # 1 - cos = (|x - ref|^2 - (|x| - |ref|)^2) / (2 |x| |ref|): exact algebra without
+            # the cancellation of two numbers near 1 (1 - cos of a close x to ~1e-7 relative)
+            cos = 1.0 - (d2 - (nx - nref) ** 2) / (2.0 * nx * nref)
+        else:  # norms far apart: the identity's error grows with their ratio; x.ref is exact
+            cos = xr / (nx * nref)
         cos = min(1.0, max(-1.0, cos))
     else:
         cos = float(err == 0)

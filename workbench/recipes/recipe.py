@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import numbers
+import operator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -142,8 +143,7 @@ class AttentionRecipe:
         """True when the dense policy says this (step, layer) runs BF16 dense attention. step and
         layer are indices (ints >= 0) or None (not known: that side of the policy is off)."""
         for name, x in (("step", step), ("layer", layer)):
-            if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Integral)
-                                  or x < 0):
+            if x is not None and _index(x) is None:
                 raise RecipeError(f"{name}: {x!r}; an index >= 0 (or None)")
         return (step is not None and step < self.dense_steps) or (
             layer is not None and layer < self.dense_layers
@@ -265,6 +265,21 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     except ValueError:
         raise RecipeError(f"recipe field {f.name!r}: cannot read {value!r} as {typ}") from None
     return value
+
+
+def _index(x) -> int | None:
+    """x as an index >= 0 (an int, a numpy or torch integer, or a whole float such as 3.0), else
+    None (negative, fractional, bool, or not a number)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        i = operator.index(x)
+    except TypeError:
+        if isinstance(x, numbers.Real) and float(x).is_integer():
+            i = int(x)
+        else:
+            return None
+    return i if i >= 0 else None
 
 
 def _choice(recipe: AttentionRecipe, name: str, allowed: tuple[str, ...]) -> None:
