@@ -367,3 +367,35 @@ def test_plan_fallback_defaults_and_scan_report_checks(crafted, tmp_path):
     zarr.open_group(str(path))["done"][0, 1, 0] = 0  # as a scan killed before its last task
     with pytest.raises(ValueError, match="1 of 4 .* tasks are not done"):
         write_scan_report(path, tmp_path / "r3", formats=("html",))
+
+
+def test_plan_costs_and_defaults_are_the_fallbacks_as_run(crafted):
+    """A review's findings: a fallback the scan did not run was costed without the prefix rows
+    and the plan's default kept the dense policy the fallback had dropped (two recipes under one
+    name, BF16 where the scan had no entry); sparse recipes named the dense cost row."""
+    from workbench.recipes.cost import relative_cost
+
+    plan = derive_plan(crafted, PlanRule("min_sqnr", 99.0, fallback="fp8_dense:dense_prefix=true"))
+    fb = plan.recipes[plan.entries[0].recipe]
+    assert fb.dense_prefix and plan.default == plan.entries[0].recipe  # one recipe, one label
+    pf = 0.0  # the crafted scan's layout has no prefix rows: the cost equals the plain call's
+    assert plan.entries[0].cost == pytest.approx(relative_cost(fb, prefix_fraction=pf))
+    plan = derive_plan(crafted, PlanRule("min_sqnr", 99.0, fallback="fp8_sol_unsmoothed"))
+    d = plan.recipes[plan.default]
+    assert (d.dense_steps, d.dense_layers) == (0, 0)  # was 10 / 2: BF16 at unscanned entries
+    assert plan.at(20, 0).sparsity == "sol"
+    src = plan.expected_cost["cost_sources"]
+    assert "density" in src[plan.default], src
+
+
+def test_table_says_when_a_dense_policy_was_not_applied():
+    from workbench.report.accuracy_table import accuracy_table
+    from workbench.synthetic import small_config, synthetic_qkv
+
+    q, k, v = synthetic_qkv(small_config(256, heads=1))
+    t = accuracy_table(q, k, v, "fp8_dense", "fp8_sol_kv_corrected", n_queries=8)
+    md = t.to_markdown()
+    b_line = next(ln for ln in md.splitlines() if ln.startswith("- B = "))
+    assert "dense policy not applied" in b_line  # it listed "dense steps<10" as if applied
+    a_line = next(ln for ln in md.splitlines() if ln.startswith("- A = "))
+    assert "dense policy" not in a_line  # fp8_dense has none

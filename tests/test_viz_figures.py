@@ -286,3 +286,15 @@ def test_deprecated_compute_module_warns():
     from workbench.evaluate import evaluate as ev
 
     assert mod.evaluate_recipes is ev
+
+
+def test_review_findings_on_figures():
+    """A shorter waveform was cut silently (its tail drawn as no difference); a benefit or a dB
+    grid got a log10 colour scale."""
+    a = np.sin(2 * np.pi * 440 * np.arange(8000) / 8000)
+    with pytest.raises(ValueError, match="8000 samples, B 4000"):
+        F.audio_comparison(a, a[:4000].copy(), sample_rate=8000)
+    for metric, vals in (("benefit %", [[0.1, 50.0]]), ("sqnr_db", [[30.0, 0.2]])):
+        f = F.per_head_heatmap(vals, layers=[0], heads=[0, 1], metric=metric)
+        assert list(f.data[0].z[0]) == vals[0], metric  # the values, not log10 of them
+        assert "log10" not in str(f.data[0].colorbar.title.text)

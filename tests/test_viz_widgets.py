@@ -170,3 +170,29 @@ def test_figure_updates_clear_unset_properties_and_benefits_diverge():
     fig = smoothing_effect({"a -> b": np.array([[[10, 5, 15], [np.nan] * 3]])}, steps=[0],
                            layers=[0, 1])
     assert fig.data[0].z[1][0] is None and fig.data[0].text[1][0] == ""
+
+
+def test_an_evaluation_error_clears_and_the_policy_grid_names_its_recipes():
+    """A review's findings: an evaluation that failed left the previous numbers on screen and in
+    .comparison under the new names; the heatmap under the dense policy was titled with this
+    layer's recipe although each layer ran its own; a placeholder kept the routing map's axes."""
+    from workbench.evaluate import ReplaySource
+
+    base = ReplaySource(find_store(), device="cpu")
+    q, k, v = base.qkv(0, 3)
+    src = ReplaySource(tensors=(q, k, v), layout=base.layout, rotated=96, causal=True,
+                       device="cpu")
+    ex = SmoothingExplorer(source=src, n_queries=16, heatmap=False, recipe_a="fp8_dense",
+                           recipe_b="fp8_dense_kv_corrected")
+    assert ex.comparison is not None
+    ex.w_sparse.value = "sol"  # evaluate raises: causal replays take dense recipes only
+    assert ex.error and ex.comparison is None
+    assert "not computed" in ex.w_readout.value and len(ex.fig_bars.data) == 0
+    assert not ex.fig_along.layout.shapes and not ex.fig_along.layout.annotations
+
+    ex = _small(recipe_b="fp8_sol_kv_corrected:dense_steps=0", heatmap=True, step=8, layer=0)
+    ex.w_policy.value = True
+    title = ex.fig_heat.layout.title.text
+    assert "BF16 at layers < 2" in title, title
+    ex.w_sparse.value = "dense"  # the routing map's placeholder: no routing axes left
+    assert ex.fig_route.layout.xaxis.title.text is None

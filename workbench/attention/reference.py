@@ -66,7 +66,8 @@ class AttentionResult:
     # different key ranges). The dense-prefix rows (BF16, unsmoothed) hold the unshifted one.
     lse: torch.Tensor
     prefix_rows: torch.Tensor  # [n] bool: rows recomputed in BF16 (dense-prefix replacement)
-    exact_fraction: float = 1.0  # fraction of (query block, key block) pairs computed exactly
+    exact_fraction: float = 1.0  # fraction of (query block, key block) pairs computed exactly,
+    # over every query block of the sequence (not only the sampled rows')
     exact_fraction_per_head: torch.Tensor | None = None  # [H]
     block_map: torch.Tensor | None = None  # [B, H, n_qblocks, n_kblocks] bool, sparse recipes
     extras: dict = field(default_factory=dict)
@@ -318,8 +319,10 @@ def recipe_attention(
     if block_map is not None:
         qb = idx // qblk
         exact = block_map[:, :, qb]  # [B, H, n, nkb]
-        exact_per_head = exact.float().mean(dim=(0, 2, 3)).cpu()
-        exact_frac = float(exact.float().mean())
+        # the whole map (every query block, not the sampled rows' blocks weighted by how many
+        # rows fall in each): the share of pairs the call computes exactly, its density
+        exact_per_head = block_map.float().mean(dim=(0, 2, 3)).cpu()
+        exact_frac = float(block_map.float().mean())
         if recipe.sparsity == "sol":
             summary = (_expand_heads(kcent, group), _expand_heads(vsum, group), blen)
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from workbench.recipes import PRESETS, AttentionRecipe, PlanEntry, RecipePlan
-from workbench.recipes.cost import dense_call_cost, relative_cost
+from workbench.recipes.cost import cost_source, relative_cost
 
 from .scan_store import ScanError
 
@@ -158,9 +158,11 @@ def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None =
     from workbench.recipes.plan import single_recipe
 
     fallback = single_recipe(rule.fallback, "--fallback")
-    default_recipe = single_recipe(default, "--default") if default else fallback
     if not ds.attrs["params"]["dense_policy"]:  # as the scanned recipes: their own numerics
         fallback = fallback.with_(dense_steps=0, dense_layers=0)
+    # the default (entries the scan did not cover) is the fallback as the plan runs it, one
+    # recipe under one label (it kept the dense policy the fallback had dropped: BF16 there)
+    default_recipe = single_recipe(default, "--default") if default else fallback
     hurts = v_centring_hurts(ds) if rule.v_centring_guard else {}
     pf = _prefix_fraction(ds)
     if rule.reduce == "entry":
@@ -192,7 +194,7 @@ def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None =
                 cost = relative_cost(r, density=float(density[si, li, ri]), prefix_fraction=pf)
                 excluded = lab in hurts and bool(hurts[lab][si, li])
                 cands.append((lab, r, cost, float(sqnr[si, li, ri]), excluded))
-            entries.append(_choose(step, layer, cands, rule, fallback, label_of))
+            entries.append(_choose(step, layer, cands, rule, fallback, label_of, pf))
     default_label = label_of(default_recipe, "default")
     costs = [e.cost for e in entries]
     uniform = {lab: float(np.mean([c[2] for c in _uniform_costs(ds, lab, density, pf)]))
@@ -212,7 +214,7 @@ def derive_plan(ds, rule: PlanRule, *, name: str = "plan", default: str | None =
             "uniform_recipes": uniform,
             "basis": "mean over the planned entries of workbench.recipes.cost.relative_cost "
                      "(dense BF16 = 1; every entry is one attention call of the same shape)",
-            "dense_cost_sources": {lab: dense_call_cost(r).source for lab, r in recipes.items()},
+            "cost_sources": {lab: cost_source(r) for lab, r in recipes.items()},
         },
     )
 
@@ -226,12 +228,16 @@ def _uniform_costs(ds, lab, density, pf):
                                               prefix_fraction=pf))
 
 
-def _choose(step, layer, cands, rule: PlanRule, fallback, label_of) -> PlanEntry:
+def _choose(step, layer, cands, rule: PlanRule, fallback, label_of,
+            prefix_fraction: float = 0.0) -> PlanEntry:
     """cands: [(label, recipe, cost, sqnr, excluded)] -> the PlanEntry the rule picks. The
     fallback, when the scan measured its numerics here, is that candidate (its label and its
     cost at the measured density)."""
     fb = next((c for c in cands if _same_numerics(c[1], fallback)), None)
-    fb_recipe, fb_cost = (fb[1], fb[2]) if fb else (fallback, relative_cost(fallback))
+    # a fallback the scan did not run is costed with the scan's prefix rows too (a sparse one
+    # at density 1: no density was measured for it)
+    fb_recipe, fb_cost = (fb[1], fb[2]) if fb else (
+        fallback, relative_cost(fallback, prefix_fraction=prefix_fraction))
     ok = [c for c in cands if not c[4] and np.isfinite(c[2]) and not np.isnan(c[3])]
     guard = [c[0] for c in cands if c[4]]
     why_guard = f"; V centring hurts here, not a candidate: {', '.join(guard)}" if guard else ""

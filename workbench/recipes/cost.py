@@ -69,6 +69,15 @@ def dense_call_cost(recipe: AttentionRecipe) -> DenseCost:
     return DenseCost(1.0, "assumed as BF16")
 
 
+def cost_source(recipe: AttentionRecipe) -> str:
+    """Where ``relative_cost`` takes this recipe's cost from (a plan records it)."""
+    if recipe.sparsity in SPARSE_CALL_FIT:
+        a, b = SPARSE_CALL_FIT[recipe.sparsity]
+        return (f"{recipe.sparsity} full calls against exact density, {a} + {b} x density "
+                "(H200, 6625ea3)")
+    return dense_call_cost(recipe).source
+
+
 def relative_cost(recipe: AttentionRecipe, *, density: float = 1.0,
                   prefix_fraction: float = 0.0) -> float:
     """Expected time of one attention call under `recipe`, relative to dense BF16 (= 1.0).

@@ -54,6 +54,9 @@ class AccuracyTable:
     causal: bool = False
     # {segment: {"rows": sampled rows, "start", "stop", "a": mse, "b": mse}} in sequence order
     segments: dict = field(default_factory=dict)
+    # (step, layer) the recipes' dense policies were applied at, None: not applied (each recipe
+    # ran its own numerics, whatever its dense_steps / dense_layers say)
+    policy_at: tuple | None = None
 
     def row(self, boundary: str) -> dict:
         return next(r for r in self.rows if r["boundary"] == boundary)
@@ -78,9 +81,16 @@ class AccuracyTable:
             "head_dim": self.head_dim,
             "causal": self.causal,
             "per_head": self.per_head,
+            "dense_policy_at": list(self.policy_at) if self.policy_at is not None else None,
             "seconds": self.seconds,
             **self.extras,
         }
+
+    def _policy_note(self, r: AttentionRecipe) -> str:
+        """Say so where a recipe's dense policy did not apply (the description lists it)."""
+        if not (r.dense_steps or r.dense_layers) or self.policy_at is not None:
+            return ""
+        return " (its dense policy not applied here: the recipe's own numerics ran)"
 
     def to_json(self) -> str:
         return json.dumps(json_safe(self.to_dict()), indent=2)
@@ -97,8 +107,8 @@ class AccuracyTable:
             + ("; causal: each row attends to the keys up to itself" if self.causal else "")
             + "), float64 dense reference.",
             "",
-            f"- A = `{a.to_string()}`: {a.describe()}",
-            f"- B = `{b.to_string()}`: {b.describe()}",
+            f"- A = `{a.to_string()}`: {a.describe()}{self._policy_note(a)}",
+            f"- B = `{b.to_string()}`: {b.describe()}{self._policy_note(b)}",
             "",
             f"| Boundary | A `{la}` MSE | B `{lb}` MSE | Benefit |",
             "|---|---|---|---|",
@@ -232,6 +242,7 @@ def accuracy_table(
                  query_index=query_index, heads=labels, rotated=rotated, step=step, layer=layer,
                  causal=causal, scale=scale)
     table = table_from_comparison(c, "a", "b", source=source)
+    table.policy_at = (step, layer) if step is not None or layer is not None else None
     table.seconds = time.perf_counter() - t0
     return table
 

@@ -2,8 +2,9 @@
 
 Writes ``figures/<name>.{png,svg,html}`` (``workbench.report.export.write_figures``: kaleido with
 the system Chromium; HTML pages sharing one plotly.js beside them), ``report.md`` (the scan's
-parameters, a per-recipe summary, the plan and the figures) and ``report.json`` (the summary
-numbers).
+parameters, a per-recipe summary, the plan and the figures) and ``report.json`` (the scan's
+path and parameters, the figure files and the plan; the summary numbers are in report.md and in
+the scan store itself).
 """
 
 from __future__ import annotations

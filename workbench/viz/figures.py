@@ -135,15 +135,16 @@ def per_head_heatmap(
                          f"heads {len(heads)})")
     fin = z[np.isfinite(z)]
     span = np.asarray(value_range, dtype=float) if value_range is not None else fin
-    if log_color is None:
-        log_color = bool(span.size and (span > 0).all() and span.max() / span.min() > 100)
+    kind = "benefit" if metric.startswith("benefit") else metric
+    if log_color is None:  # errors spanning decades; never a signed benefit or a dB value
+        log_color = bool(kind != "benefit" and "db" not in metric.lower() and span.size
+                         and (span > 0).all() and span.max() / span.min() > 100)
     color = np.log10(np.where(z > 0, z, np.nan)) if log_color else z
     zmin = zmax = None
     if value_range is not None:
         lo, hi = (float(x) for x in value_range)
         zmin, zmax = (math.log10(lo), math.log10(hi)) if log_color and lo > 0 else (lo, hi)
     label = METRIC_LABELS.get(metric, metric)
-    kind = "benefit" if metric.startswith("benefit") else metric
     # Signed values (a benefit) get a diverging scale centred on 0: blue = B better, also when
     # every cell has one sign (else the colours would not say which side of 0 they lie)
     signed = bool(not log_color and fin.size and (kind == "benefit"
@@ -560,8 +561,10 @@ def audio_comparison(
 ) -> go.Figure:
     """Top: both waveforms over time. Bottom: log-power spectrogram difference B - A (dB)."""
     a, b = _np(wave_a).reshape(-1), _np(wave_b).reshape(-1)
-    n = min(a.size, b.size)
-    a, b = a[:n], b[:n]
+    if a.size != b.size:  # cutting the longer would show its missing tail as "no difference"
+        raise ValueError(f"audio_comparison: {names[0]} has {a.size} samples, {names[1]} "
+                         f"{b.size}; compare waveforms of one length")
+    n = a.size
     t = np.arange(n) / sample_rate
     sa, sb = log_power_spectrogram(a, n_fft), log_power_spectrogram(b, n_fft)
     d = sb - sa

@@ -70,7 +70,12 @@ def _update_in_place(fw: go.FigureWidget, new: go.Figure) -> None:
         lay.pop("template", None)
         fw.layout.shapes = lay.pop("shapes", ())
         fw.layout.annotations = lay.pop("annotations", ())
-        fw.layout.update(lay)
+        # what the new figure leaves unset (a placeholder's axes) must not keep the old
+        # figure's titles, log scale or reversed range: unset keys reset, the rest replaced
+        for k in set(fw.layout.to_plotly_json()) - set(lay) - {"template", "shapes",
+                                                                "annotations"}:
+            lay[k] = None
+        fw.layout.update(lay, overwrite=True)
 
 
 class SmoothingExplorer:
@@ -334,6 +339,9 @@ class SmoothingExplorer:
             self.error = f"{type(exc).__name__}: {exc}"
             self._set_status(self.error, error=True)
             traceback.print_exc()
+            # the previous settings' numbers must not stay on screen (or in .comparison) under
+            # these settings' names
+            self._clear(self.error)
             return float("nan")
         self.error = None
         self.last_seconds = time.perf_counter() - t0
@@ -356,14 +364,27 @@ class SmoothingExplorer:
                 out[t] = f"{t} (invalid: {exc})"
         return out
 
+    def _grid_labels(self, step) -> dict[str, str] | None:
+        """The heatmap's recipe when the dense policy makes it differ by layer (the entry's
+        recipe names only this layer's)."""
+        b = self.recipe_b()
+        if not self.w_policy.value or not (b.dense_steps or b.dense_layers):
+            return None
+        if b.is_dense_at(step, None):
+            return {"b": f"{b.label()} with its dense policy: BF16 at every layer of step {step}"}
+        if b.dense_layers:
+            return {"b": f"{b.label()} with its dense policy: BF16 at layers < {b.dense_layers}, "
+                         "the recipe at the others"}
+        return None
+
     def _clear(self, why: str) -> None:
         """Empty every figure and the readout, saying why (an invalid combination of controls)."""
         self.comparison = self.grid = None
         self.w_readout.value = (f'<p class="wb-stale">not computed: {html.escape(why)}</p>')
         for fw in (self.fig_bars, self.fig_along, self.fig_drift_k, self.fig_drift_v,
                    self.fig_heat, self.fig_route):
-            fw.data = []
-            fw.layout.title = f"not computed: {why[:90]}"
+            # empty, with the previous figure's bands, labels and axes gone too
+            _update_in_place(fw, go.Figure(layout=dict(title=f"not computed: {why[:90]}")))
 
     def _draw(self) -> None:
         with F.template_override("none"):
@@ -377,7 +398,8 @@ class SmoothingExplorer:
                                             comparison=c)
         grids = {"b": self.grid["mse"]} if self.grid is not None else None
         figs = F.comparison_figures(c, "A", "B", labels=nm, grids=grids,
-                                    layers=self.source.layers, step=step, layer=layer)
+                                    layers=self.source.layers, step=step, layer=layer,
+                                    grid_labels=self._grid_labels(step))
         for fw, name in ((self.fig_bars, "boundary_bars"), (self.fig_along, "error_along_tokens"),
                          (self.fig_drift_k, "drift_k"), (self.fig_drift_v, "drift_v"),
                          (self.fig_heat, "heatmap_output_mse_b")):
