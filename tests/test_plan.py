@@ -4,6 +4,7 @@ is (get_recipe, run_attention, generate / compare)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -257,10 +258,11 @@ def test_report_heatmap_of_a_plan_runs_each_layers_planned_recipe(tmp_path, caps
     for la in (0, 2, 3):
         np.testing.assert_array_equal(grid["plan"][la], grid["bf16"][la])
         assert (grid["plan"][la] < grid["fp8"][la] / 10).all()  # bf16, not fp8_dense
-    assert rep["plan"]["layer_head_recipes"]["b"] == ["bf16", "fp8_dense", "bf16", "bf16"]
+    # the plan's label of each layer, with the recipe where they differ
+    assert rep["plan"]["layer_head_recipes"]["b"] == ["bf16", "fp8 (fp8_dense)", "bf16", "bf16"]
     md = (tmp_path / "plan" / "report.md").read_text()
     assert ("B's per-layer heatmap at step 7 runs the plan's recipe of each layer: layer 0 "
-            "`bf16`, layer 1 `fp8_dense`") in md
+            "`bf16`, layer 1 `fp8 (fp8_dense)`") in md
     svg = (tmp_path / "plan" / "figures" / "heatmap_output_mse_b.svg").read_text()
     assert "plan &#39;hand&#39;" in svg or "plan 'hand'" in svg
 
@@ -399,3 +401,57 @@ def test_table_says_when_a_dense_policy_was_not_applied():
     assert "dense policy not applied" in b_line  # it listed "dense steps<10" as if applied
     a_line = next(ln for ln in md.splitlines() if ln.startswith("- A = "))
     assert "dense policy" not in a_line  # fp8_dense has none
+
+
+def test_plan_grammar_review_findings(tmp_path):
+    """A review's findings on plans and recipe specs (each reproduced first): a torch step ran
+    the plan's default (hashed by identity); a recipe file named in a plan was read from the
+    current folder; a misspelt key ("defualt") was ignored; an entry without cost made two equal
+    plans unequal (NaN); the same recipe with other notes scanned twice under one label; a huge
+    JSON number raised OverflowError; "fp8_dense : x=1" was an unknown preset."""
+    import torch
+
+    from workbench.evaluate.scan import ScanError, resolve_recipes
+    from workbench.recipes import PRESETS, RecipeError
+
+    spec = {"workbench_plan": 1, "default": "bf16",
+            "recipes": {"bf16": "bf16", "fast": "fp8_dense_k"},
+            "entries": [{"step": 0, "layer": 1, "recipe": "fast"}]}
+    p = get_recipe(json.dumps(spec))
+    assert p.at(torch.tensor(0), torch.tensor(1)).name == "fp8_dense_k"
+    assert get_recipe(p.to_json()) == p
+    with pytest.raises(RecipeError, match="unknown field.*defualt"):
+        get_recipe(json.dumps({**spec, "defualt": "fast"}))
+    with pytest.raises(RecipeError, match=r"entries\[0\] has unknown field.*lyaer"):
+        get_recipe(json.dumps({**spec, "entries": [{"step": 0, "lyaer": 1, "recipe": "fast"}]}))
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    (folder / "r.json").write_text(PRESETS["fp8_dense"].to_json())
+    (tmp_path / "r.json").write_text(PRESETS["fp8_hadamard"].to_json())  # the cwd's, not it
+    (folder / "plan.json").write_text(json.dumps({**spec, "recipes": {"bf16": "bf16",
+                                                                      "fast": "r.json"}}))
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        assert get_recipe(str(folder / "plan.json")).at(0, 1).name == "fp8_dense"
+    finally:
+        os.chdir(cwd)
+    with pytest.raises(ScanError, match="same recipe"):
+        resolve_recipes(["fp8_dense", PRESETS["fp8_dense"].with_(notes="mine")])
+    big = json.dumps(PRESETS["fp8_sol_k"].to_dict()).replace('"sol_tau": 1.0',
+                                                            '"sol_tau": 1' + "0" * 400)
+    with pytest.raises(RecipeError, match="sol_tau.*past the float range"):
+        get_recipe(big)
+    assert get_recipe("fp8_dense : qk_block=32").qk_block == 32
+
+
+def test_report_grid_names_tell_same_named_custom_recipes_apart():
+    from workbench.recipes import PRESETS
+    from workbench.report.export import _grid_name
+
+    a = dict(PRESETS["fp8_dense"].to_dict(), name="mine")
+    b = dict(a, qk_block=32, hadamard=True)
+    plan = {"workbench_plan": 1, "default": "a", "recipes": {"a": a, "b": b},
+            "entries": [{"step": 0, "layer": 1, "recipe": "b"}]}
+    names = [_grid_name(json.dumps(plan), 0, layer) for layer in (0, 1)]
+    assert names[0] != names[1] and names[1].startswith("b ")  # were both "mine (custom recipe)"

@@ -63,7 +63,9 @@ def resolve_recipes(specs) -> tuple[list[str], list[str]]:
 
     if isinstance(specs, str):
         specs = split_recipe_list(specs)
-    labels, jsons = [], []
+    from workbench.recipes import AttentionRecipe
+
+    labels, jsons, numerics = [], [], []
     for s in specs:
         label = s if isinstance(s, str) else s.to_string()
         label = label.strip()
@@ -72,11 +74,14 @@ def resolve_recipes(specs) -> tuple[list[str], list[str]]:
         except ValueError as exc:
             raise ScanError(f"--recipes: {label!r}: {exc}") from None
         j = r.to_json()
-        if j in jsons:
+        # the same numerics under another name or notes is the same recipe (== says so too)
+        key = r.with_(name="x", notes="").to_json() if isinstance(r, AttentionRecipe) else j
+        if key in numerics:
             raise ScanError(f"--recipes: {label!r} is the same recipe as "
-                            f"{labels[jsons.index(j)]!r}")
+                            f"{labels[numerics.index(key)]!r}")
         labels.append(label)
         jsons.append(j)
+        numerics.append(key)
     if not labels:
         raise ScanError("--recipes: give at least one recipe")
     return labels, jsons

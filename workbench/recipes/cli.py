@@ -8,7 +8,7 @@ from .recipe import PRESETS, get_recipe
 
 
 def cmd_recipes(args) -> int:
-    if args.show:
+    if args.show is not None:
         print(json.dumps(get_recipe(args.show).to_dict(), indent=2))
         return 0
     width = max(len(n) for n in PRESETS)

@@ -20,6 +20,7 @@ Plan JSON::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -38,7 +39,8 @@ class PlanEntry:
     step: int
     layer: int
     recipe: str
-    cost: float = float("nan")  # expected attention cost relative to dense BF16
+    cost: float | None = None  # expected attention cost relative to dense BF16 (None: not
+    # given; NaN made two equal plans unequal and wrote non-strict JSON)
     note: str = ""  # why the rule chose it (e.g. "SQNR 31.2 dB >= 30")
 
 
@@ -80,8 +82,18 @@ class RecipePlan:
     # -- what runs where ----------------------------------------------------------------------
     def label_at(self, step: int | None, layer: int | None) -> str:
         """The label of the recipe at (step, layer); the default where the plan has no entry
-        (including calls without a step or layer)."""
-        return self._by_entry.get((step, layer), self.default)
+        (including calls without a step or layer). step / layer: indices (ints, numpy or
+        torch integers, whole floats) or None."""
+        from .recipe import _index
+
+        key = []
+        for name, x in (("step", step), ("layer", layer)):
+            i = None if x is None else _index(x)
+            if x is not None and i is None:
+                raise RecipeError(f"{name}: {x!r}; an index >= 0 (or None)")
+            key.append(i)
+        # a torch step hashed by identity found no entry: the default ran, silently
+        return self._by_entry.get(tuple(key), self.default)
 
     def at(self, step: int | None = None, layer: int | None = None) -> AttentionRecipe:
         """The AttentionRecipe that runs at (step, layer)."""
@@ -132,9 +144,12 @@ class RecipePlan:
         return self.to_json()
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "plan") -> RecipePlan:
+    def from_dict(cls, data: Mapping[str, Any], where: str = "plan",
+                  base: str | None = None) -> RecipePlan:
+        """base: the plan file's folder; a recipe given as a relative .json path is read from
+        there (not from the current folder)."""
         version = data.get(PLAN_MARKER)
-        if version != PLAN_VERSION:
+        if isinstance(version, bool) or not isinstance(version, int) or version != PLAN_VERSION:
             raise RecipeError(f"{where}: '{PLAN_MARKER}' is {version!r}; this workbench reads "
                               f"version {PLAN_VERSION}")
         for key in ("recipes", "entries"):
@@ -149,15 +164,24 @@ class RecipePlan:
             if key in data and not isinstance(data[key], kind):
                 raise RecipeError(f"{where}: field {key!r} must be {what}, got "
                                   f"{type(data[key]).__name__} {data[key]!r:.60}")
+        unknown = sorted(set(data) - {PLAN_MARKER, *shapes})
+        if unknown:  # a misspelt "defualt" left every unlisted entry on BF16
+            raise RecipeError(f"{where}: unknown field(s) {unknown}; a plan has "
+                              f"{sorted({PLAN_MARKER, *shapes})}")
         if not data["recipes"]:
             raise RecipeError(f"{where}: field 'recipes' is empty")
-        recipes = {lab: _plan_recipe(lab, r, where) for lab, r in data["recipes"].items()}
+        recipes = {lab: _plan_recipe(lab, r, where, base) for lab, r in data["recipes"].items()}
         entries = []
         for i, e in enumerate(data["entries"]):
+            extra = sorted(set(e) - {"step", "layer", "recipe", "cost", "note"}) \
+                if isinstance(e, Mapping) else []
+            if extra:
+                raise RecipeError(f"{where}: entries[{i}] has unknown field(s) {extra}; an entry "
+                                  "has step, layer, recipe (cost, note)")
             try:
                 step, layer = _entry_index(e, "step"), _entry_index(e, "layer")
                 entries.append(PlanEntry(step=step, layer=layer, recipe=str(e["recipe"]),
-                                         cost=float(e.get("cost", float("nan"))),
+                                         cost=_entry_cost(e.get("cost")),
                                          note=str(e.get("note", ""))))
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 raise RecipeError(f"{where}: entries[{i}] is not a plan entry ({exc!r}): "
@@ -175,13 +199,20 @@ class RecipePlan:
         return cls.from_dict(json.loads(text), where)
 
 
-def _plan_recipe(label: str, spec: Any, where: str) -> AttentionRecipe:
+def _plan_recipe(label: str, spec: Any, where: str, base: str | None = None) -> AttentionRecipe:
     """A plan's recipe: a full recipe object (as ``workbench plan`` writes) or a recipe string
-    ('fp8_dense', 'fp8_dense:qk_block=32'); errors name the file and the label."""
+    ('fp8_dense', 'fp8_dense:qk_block=32', a .json file, relative to the plan's folder `base`);
+    errors name the file and the label."""
+    from pathlib import Path
+
     from .recipe import get_recipe
 
     try:
         if isinstance(spec, str):
+            text = spec.strip()
+            if base is not None and text.endswith(".json") and not text.startswith("{") \
+                    and not Path(text).is_absolute():
+                spec = str(Path(base) / text)
             recipe = get_recipe(spec)
             if not isinstance(recipe, AttentionRecipe):
                 raise RecipeError("a plan cannot hold another plan")
@@ -191,6 +222,15 @@ def _plan_recipe(label: str, spec: Any, where: str) -> AttentionRecipe:
         return full_recipe(dict(spec))
     except RecipeError as exc:
         raise RecipeError(f"{where}: recipes[{label!r}]: {exc}") from None
+
+
+def _entry_cost(v) -> float | None:
+    """A plan entry's cost: a finite number, or None (absent, null, or NaN as older plans
+    wrote it)."""
+    if v is None:
+        return None
+    c = float(v)
+    return c if math.isfinite(c) else None
 
 
 def _entry_index(entry: Mapping[str, Any], key: str) -> int:
@@ -262,7 +302,8 @@ def read_plan_spec(spec: Any) -> RecipePlan | AttentionRecipe | None:
     except json.JSONDecodeError as exc:
         raise RecipeError(f"{where}: invalid JSON ({exc})") from None
     if is_plan_dict(data):
-        return RecipePlan.from_dict(data, where)
+        return RecipePlan.from_dict(data, where,
+                                    base=str(Path(where).parent) if where != "plan" else None)
     if where != "plan":  # a .json file: a recipe object, nothing else
         if not isinstance(data, dict):
             raise RecipeError(f"{where}: not a plan or recipe (a JSON {type(data).__name__}, "

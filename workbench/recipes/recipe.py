@@ -246,7 +246,11 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
         if typ == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise RecipeError(f"recipe field {f.name!r}: expected a number, got {value!r}")
         if typ == "float":
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int past float's range (JSON has no limit)
+                raise RecipeError(f"recipe field {f.name!r}: {str(value)[:20]}... is past the "
+                                  "float range") from None
         if typ == "str" and not isinstance(value, str):
             raise RecipeError(f"recipe field {f.name!r}: expected a string, got {value!r}")
         return value
@@ -491,6 +495,7 @@ def get_recipe(spec: str | AttentionRecipe | dict | None = None) -> AttentionRec
             raise RecipeError(f"recipe: JSON {type(data).__name__}, expected an object")
         return full_recipe(data)
     name, _, rest = text.partition(":")
+    name = name.strip()
     if name not in PRESETS:
         raise RecipeError(f"recipe: unknown preset {name!r}; presets: {sorted(PRESETS)}")
     base = PRESETS[name]

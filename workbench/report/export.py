@@ -137,6 +137,17 @@ def figures_markdown(figs: dict, written: dict, out: Path) -> list[str]:
     return lines
 
 
+def _grid_name(spec, step, layer) -> str:
+    """What a heatmap's layer ran: a plan's label there (with the recipe), else the recipe's."""
+    from workbench.recipes.plan import RecipePlan
+
+    r = get_recipe(spec)
+    if isinstance(r, RecipePlan):
+        lab, name = r.label_at(step, layer), r.at(step, layer).label()
+        return lab if lab == name else f"{lab} ({name})"
+    return entry_recipe(r, step, layer)[0].label()
+
+
 def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads=None,
                  n_queries: int = 64, formats=("png", "svg", "html"), device: str = "cpu",
                  html_inline: bool = False, causal: bool | None = None, log=print) -> Path:
@@ -167,7 +178,9 @@ def write_report(store, recipe_a, recipe_b, out, *, step=None, layer=None, heads
     table = table_from_comparison(comp, a.to_string(), b.to_string(),
                                   source=f"capture store `{src.name}`, step {step}, layer {layer}")
     # the recipe each grid ran per layer (a plan's differ by layer)
-    grid_recipes = {t: [entry_recipe(r, step, la)[0].label() for la in src.layers]
+    # a plan's own label per layer (two custom recipes of one name have one label(): the
+    # plan's labels tell them apart), else the recipe's label
+    grid_recipes = {t: [_grid_name(r, step, la) for la in src.layers]
                     for t, r in (("a", recipe_a), ("b", recipe_b))}
     plan_lines = [f"{t.upper()}'s per-layer heatmap at step {step} runs the plan's recipe of each "
                   "layer: " + ", ".join(f"layer {la} `{n}`" for la, n in zip(src.layers, names))

@@ -162,8 +162,9 @@ def plan_grid(plan, *, steps: Sequence[int], layers: Sequence[int]) -> go.Figure
     for i, _ in enumerate(labels):
         color = RECIPE_COLORS[i % len(RECIPE_COLORS)]
         scale += [[i / n, color], [(i + 1) / n, color]]
-    costs = {(e.step, e.layer): e.cost for e in plan.entries}
-    text = [[f"{costs.get((s, la), float('nan')):.2f}" for s in steps] for la in layers]
+    costs = {(e.step, e.layer): e.cost for e in plan.entries if e.cost is not None}
+    text = [[f"{costs[(s, la)]:.2f}" if (s, la) in costs else "" for s in steps]
+            for la in layers]
     fig = go.Figure(go.Heatmap(
         z=z.tolist(), x=_labels(steps), y=_labels(layers), zmin=-0.5, zmax=n - 0.5,
         colorscale=scale,
