@@ -380,8 +380,14 @@ def test_plan_costs_and_defaults_are_the_fallbacks_as_run(crafted):
     plan = derive_plan(crafted, PlanRule("min_sqnr", 99.0, fallback="fp8_dense:dense_prefix=true"))
     fb = plan.recipes[plan.entries[0].recipe]
     assert fb.dense_prefix and plan.default == plan.entries[0].recipe  # one recipe, one label
-    pf = 0.0  # the crafted scan's layout has no prefix rows: the cost equals the plain call's
-    assert plan.entries[0].cost == pytest.approx(relative_cost(fb, prefix_fraction=pf))
+    # a fallback the scan did not run, with prefix rows (the crafted scan has none): costed with
+    # them (was without)
+    from workbench.evaluate.planning import _choose
+
+    rule = PlanRule("min_sqnr", 99.0, fallback="fp8_dense:dense_prefix=true")
+    e = _choose(0, 0, [], rule, fb, lambda r, lab: lab, prefix_fraction=0.25)
+    assert e.cost == pytest.approx(relative_cost(fb, prefix_fraction=0.25))
+    assert e.cost != pytest.approx(relative_cost(fb))
     plan = derive_plan(crafted, PlanRule("min_sqnr", 99.0, fallback="fp8_sol_unsmoothed"))
     d = plan.recipes[plan.default]
     assert (d.dense_steps, d.dense_layers) == (0, 0)  # was 10 / 2: BF16 at unscanned entries

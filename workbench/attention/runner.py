@@ -39,9 +39,10 @@ def run_attention(
 
     backend: "auto" uses a Triton kernel on CUDA when one supports the recipe and shape, else the
     reference path; "kernel" requires a kernel (error naming why none applies), except at the
-    steps / layers where the recipe's dense policy runs BF16 (no FP8 kernel computes that: those
-    calls take the reference path, as under "auto"); "reference" forces torch. None: the
-    environment variable WORKBENCH_ATTENTION_BACKEND, else "auto".
+    steps / layers where the recipe runs BF16 dense (its dense policy, a plan's BF16 entries):
+    no FP8 kernel computes that, so those calls take the reference path, as under "auto";
+    "reference" forces torch. None: the environment variable WORKBENCH_ATTENTION_BACKEND, else
+    "auto".
     ran: a dict the caller keeps; "kernel" or "reference" is counted up for the path this call
     took (what a run records instead of the backend it asked for).
     Returns a contiguous [B, S, H, D] tensor in q's dtype.
@@ -51,14 +52,14 @@ def run_attention(
         raise ValueError(f"backend: unknown {backend!r}; choose one of {BACKENDS}")
     base = get_recipe(recipe)
     recipe = base.at(step, layer)
-    policy = recipe is not base and recipe.name.endswith("@dense_policy")
-    out = None
+    out = why = None
     if backend in ("auto", "kernel"):
-        out = _try_kernel(q, k, v, recipe, layout, scale)
-        if out is None and backend == "kernel" and not policy:
+        out, why = _try_kernel(q, k, v, recipe, layout, scale)
+        # the dense policy's BF16 steps have no FP8 kernel: the reference path, as under auto
+        if out is None and backend == "kernel" and not base.is_dense_at(step, layer):
             raise ValueError(
                 f"backend 'kernel': no kernel runs recipe {recipe.to_string()!r} on "
-                f"{q.device.type} with q {tuple(q.shape)} {q.dtype}: {_why_not(q, k, v, recipe)}"
+                f"{q.device.type} with q {tuple(q.shape)} {q.dtype}: {why}"
             )
     path = "kernel" if out is not None else "reference"
     if out is None:
@@ -69,29 +70,16 @@ def run_attention(
     return out
 
 
-def _kernels():
+def _try_kernel(q, k, v, recipe, layout, scale):
+    """(the kernels' output or None, why none ran). Triton is imported on CUDA only, so the
+    reference path runs where it is absent."""
+    if q.device.type != "cuda":
+        return None, "the kernels run on CUDA (Hopper) only"
     try:
         from workbench.kernels import dispatch
     except ImportError:
-        return None
-    return dispatch
-
-
-def _try_kernel(q, k, v, recipe, layout, scale):
-    if q.device.type != "cuda":
-        return None
-    dispatch = _kernels()
-    return None if dispatch is None else dispatch.try_kernel(q, k, v, recipe, layout=layout,
-                                                             scale=scale)
-
-
-def _why_not(q, k, v, recipe) -> str:
-    """The one-line reason no kernel runs (device, Triton, or the kernels' own reason)."""
-    if q.device.type != "cuda":
-        return "the kernels run on CUDA (Hopper) only"
-    dispatch = _kernels()
-    if dispatch is None:
-        return "Triton is not installed"
-    if torch.cuda.get_device_capability(q.device)[0] < 9:
-        return "FP8 tensor cores need a Hopper (sm_90) or newer GPU"
-    return dispatch.unsupported_reason(q, k, v, recipe) or "unsupported"
+        return None, "Triton is not installed"
+    why = dispatch.kernel_unavailable(q, k, v, recipe)
+    if why:
+        return None, why
+    return dispatch.fp8_recipe_attention(q, k, v, recipe, layout=layout, scale=scale), None

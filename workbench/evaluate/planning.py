@@ -92,7 +92,7 @@ def twin_k_only(recipe: AttentionRecipe) -> AttentionRecipe | None:
 
 
 def _same_numerics(a: AttentionRecipe, b: AttentionRecipe) -> bool:
-    return a.with_(name="x", notes="").to_json() == b.with_(name="x", notes="").to_json()
+    return a.numerics_key() == b.numerics_key()
 
 
 def v_centring_hurts(ds) -> dict[str, np.ndarray]:

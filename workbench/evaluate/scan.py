@@ -75,7 +75,7 @@ def resolve_recipes(specs) -> tuple[list[str], list[str]]:
             raise ScanError(f"--recipes: {label!r}: {exc}") from None
         j = r.to_json()
         # the same numerics under another name or notes is the same recipe (== says so too)
-        key = r.with_(name="x", notes="").to_json() if isinstance(r, AttentionRecipe) else j
+        key = r.numerics_key() if isinstance(r, AttentionRecipe) else j
         if key in numerics:
             raise ScanError(f"--recipes: {label!r} is the same recipe as "
                             f"{labels[numerics.index(key)]!r}")

@@ -162,9 +162,8 @@ def compare_dirs(dir_a: str | Path, dir_b: str | Path, out: str | Path | None = 
         # a folder with only video.mp4 is read at its viewing size (frames enlarged by an integer
         # factor, write_clip): bring it back to the other's size by averaging each f x f block.
         # Two exact clips of other sizes are two clips, not one at two sizes: refused.
-        exact = [(Path(d) / "clip.safetensors").exists() for d in (dir_a, dir_b)]
         small, big = (va, vb) if va.shape[-1] < vb.shape[-1] else (vb, va)
-        if exact[0 if big is va else 1]:
+        if (Path(dir_a if big is va else dir_b) / "clip.safetensors").exists():
             raise ValueError(f"{dir_a} and {dir_b}: video shapes {tuple(va.shape)} and "
                              f"{tuple(vb.shape)} differ (the larger is an exact clip, not a "
                              "viewing-size mp4)")

@@ -172,8 +172,7 @@ def generate(
     from workbench.models.registry import CHECKPOINTS
 
     # the weights that ran: the file loaded (a fine-tuned nano keeps the name "h3-nano")
-    src = getattr(h3, "source", None)
-    ckpt = Path(src) if src else CHECKPOINTS.get(h3.name)
+    ckpt = Path(h3.source) if h3.source else CHECKPOINTS.get(h3.name)
     cfg = {
         "model": h3.name,
         "model_config": h3.config.to_dict() if h3.config else dict(h3.model.config),

@@ -1,4 +1,5 @@
-"""The full FP8 recipe call on the kernels, and ``try_kernel`` for the recipe runner.
+"""The full FP8 recipe call on the kernels, and ``try_kernel`` / ``kernel_unavailable`` for the
+recipe runner.
 
 Torch twin: ``workbench.attention.recipe_attention`` (all rows) for the dense FP8 recipes
 ``fp8_dense``, ``fp8_dense_k``, ``fp8_dense_kv_corrected`` and variants of them with the
@@ -244,13 +245,20 @@ def dense_prefix_rows(q, k, v, prefix: int, scale: float) -> torch.Tensor:
     return o.transpose(1, 2)
 
 
+def kernel_unavailable(q, k, v, recipe) -> str | None:
+    """Why the kernels cannot run this call here (device, GPU generation, recipe or shape: one
+    line), or None."""
+    if q.device.type != "cuda":
+        return "the kernels run on CUDA (Hopper) only"
+    if torch.cuda.get_device_capability(q.device)[0] < 9:
+        return "FP8 tensor cores need a Hopper (sm_90) or newer GPU"
+    return unsupported_reason(q, k, v, get_recipe(recipe))
+
+
 def try_kernel(q, k, v, recipe, *, layout: SegmentLayout | None = None, scale=None,
                config: KernelConfig = DEFAULT):
     """Full-sequence output [B, S, H, D] (q's dtype) from the kernels, or None when the recipe,
-    shape or device is unsupported (the runner then uses the reference path)."""
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] < 9:
-        return None  # FP8 tensor cores: Hopper (sm_90) or newer
-    recipe = get_recipe(recipe)
-    if unsupported_reason(q, k, v, recipe):
+    shape or device is unsupported (``kernel_unavailable`` says why)."""
+    if kernel_unavailable(q, k, v, recipe):
         return None
     return fp8_recipe_attention(q, k, v, recipe, layout=layout, scale=scale, config=config)

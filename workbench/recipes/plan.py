@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from .recipe import AttentionRecipe, RecipeError, full_recipe
+from .recipe import AttentionRecipe, RecipeError, entry_index, full_recipe
 
 PLAN_MARKER = "workbench_plan"
 PLAN_VERSION = 1
@@ -84,16 +84,9 @@ class RecipePlan:
         """The label of the recipe at (step, layer); the default where the plan has no entry
         (including calls without a step or layer). step / layer: indices (ints, numpy or
         torch integers, whole floats) or None."""
-        from .recipe import _index
-
-        key = []
-        for name, x in (("step", step), ("layer", layer)):
-            i = None if x is None else _index(x)
-            if x is not None and i is None:
-                raise RecipeError(f"{name}: {x!r}; an index >= 0 (or None)")
-            key.append(i)
         # a torch step hashed by identity found no entry: the default ran, silently
-        return self._by_entry.get(tuple(key), self.default)
+        key = (entry_index("step", step), entry_index("layer", layer))
+        return self._by_entry.get(key, self.default)
 
     def at(self, step: int | None = None, layer: int | None = None) -> AttentionRecipe:
         """The AttentionRecipe that runs at (step, layer)."""

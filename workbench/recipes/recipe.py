@@ -142,9 +142,7 @@ class AttentionRecipe:
     def is_dense_at(self, step: int | None, layer: int | None) -> bool:
         """True when the dense policy says this (step, layer) runs BF16 dense attention. step and
         layer are indices (ints >= 0) or None (not known: that side of the policy is off)."""
-        for name, x in (("step", step), ("layer", layer)):
-            if x is not None and _index(x) is None:
-                raise RecipeError(f"{name}: {x!r}; an index >= 0 (or None)")
+        step, layer = entry_index("step", step), entry_index("layer", layer)
         return (step is not None and step < self.dense_steps) or (
             layer is not None and layer < self.dense_layers
         )
@@ -157,6 +155,11 @@ class AttentionRecipe:
 
     def with_(self, **overrides: Any) -> AttentionRecipe:
         return replace(self, **overrides)
+
+    def numerics_key(self) -> str:
+        """The recipe's JSON without its name and notes: equal for two recipes that compute
+        the same (a recipe given twice under two names, a plan's twin of a scanned one)."""
+        return self.with_(name="x", notes="").to_json()
 
     # -- serialization ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -269,6 +272,17 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     except ValueError:
         raise RecipeError(f"recipe field {f.name!r}: cannot read {value!r} as {typ}") from None
     return value
+
+
+def entry_index(name: str, x) -> int | None:
+    """A step or layer argument as an int index (None stays None); RecipeError naming it when
+    it is not one (negative, fractional, a bool)."""
+    if x is None:
+        return None
+    i = _index(x)
+    if i is None:
+        raise RecipeError(f"{name}: {x!r}; an index >= 0 (or None)")
+    return i
 
 
 def _index(x) -> int | None:
