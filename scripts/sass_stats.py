@@ -132,8 +132,10 @@ def _ws_constexprs(overrides: dict) -> dict:
 
 
 def _ws_row_sum_constexprs(overrides: dict) -> dict:
-    """``row_sum`` "p_operand" = P @ ones on the tensor cores (both warp-specialized kernels)."""
-    return dict(ROW_SUM_MMA=overrides.get("row_sum", "p_fp32") == "p_operand")
+    """``row_sum`` "p_operand" = P @ ones on the tensor cores (both warp-specialized kernels);
+    ``p_exp`` "log_linear": P's codes without an exponential."""
+    return dict(ROW_SUM_MMA=overrides.get("row_sum", "p_fp32") == "p_operand",
+                P_LL=overrides.get("p_exp", "exp2") == "log_linear")
 
 
 def compile_ws(overrides: dict, ints: dict):
@@ -144,7 +146,7 @@ def compile_ws(overrides: dict, ints: dict):
 
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
                                                     if k not in ("p_scaling", "perm_p",
-                                                                 "row_sum")})
+                                                                 "row_sum", "p_exp")})
     cst = dict(_ws_constexprs({**overrides, "num_stages": cfg.num_stages}), N_CONS=CONSUMERS,
                **_ws_row_sum_constexprs(overrides))
     kernel = _compile_gluon(ws, _ws_types(128, 128), cst, ints)

@@ -388,3 +388,32 @@ def test_row_sum_of_the_p_operand_matches_the_emulation():
     assert dispatch.unsupported_reason(q, k, v, r) is None
     r = dispatch.get_recipe("bf16:sparsity=sol,row_sum=p_operand")
     assert "row_sum" in dispatch.unsupported_reason(q.bfloat16(), k.bfloat16(), v.bfloat16(), r)
+
+
+def test_log_linear_p_matches_its_emulation():
+    """p_exp="log_linear" (P's E4M3 code by one FMA, no exponential) in the Triton kernel against
+    its emulation on rows whose error is mostly P's rounding (sink-dominated, 64- and 128-key
+    tiles): within 1.25x of the emulation's error against float64, and the flag moves the
+    kernel's output about as far as it moves the emulation's (a kernel that ignored it would not
+    move). The LSE within 5e-2: it carries the codes' mean bias, which depends on where the row
+    max sits on the 1/8 grid (between about -5% and +4% of l), the running max's in the kernel
+    and the final one's in the emulation (measured 2.3e-2 here; the output's 1 / l cancels it)."""
+    from workbench.bench.inputs import sink_inputs
+
+    q, k, v = sink_inputs(1, 256, 2, 64)
+    ref, _ = dense_attention_f64(q, k, v)
+    base = "fp8_dense_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand"
+    emu_x = recipe_attention(q, k, v, base)
+    emu = recipe_attention(q, k, v, base + ",p_exp=log_linear")
+    moved_emu = rel_l2(emu.out, emu_x.out.double())
+    for cfg in (SMALL, PROD):
+        out, lse = dispatch.fp8_recipe_attention(q, k, v, base + ",p_exp=log_linear",
+                                                 config=cfg, return_lse=True)
+        out_x = dispatch.fp8_recipe_attention(q, k, v, base, config=cfg)
+        e_k, e_e = rel_l2(out, ref), rel_l2(emu.out, ref)
+        moved = rel_l2(out, out_x.double())
+        print(f"log_linear block_n {cfg.attention.block_n}: kernel {e_k:.4e} emulation {e_e:.4e}"
+              f"; moved by the flag {moved:.3e} (emulation {moved_emu:.3e})")
+        assert e_k <= 1.25 * e_e, (e_k, e_e)
+        assert 0.5 * moved_emu < moved < 2 * moved_emu, (moved, moved_emu)
+        torch.testing.assert_close(lse.transpose(1, 2), emu.lse, rtol=0, atol=5e-2)

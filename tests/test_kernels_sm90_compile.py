@@ -188,3 +188,19 @@ def test_list_kernel_row_sum_on_the_tensor_cores_compiles_leaner():
         assert rs["main_loop"].get("FADD", 0) < 8 <= base["main_loop"]["FADD"], (extra, rs)
         assert rs["QGMMA"] == base["QGMMA"] + 24 and base["main_loop"]["loop"] >= 480, (extra,
                                                                                         base)
+
+
+@pytest.mark.skipif(not os.path.exists(PTXAS), reason="triton wheel without its ptxas")
+def test_ws_kernel_log_linear_p_compiles_without_exponentials():
+    """p_exp="log_linear" in the warp-specialized dense kernel: the tile's 64 MUFU.EX2 (and 32
+    F2FP) are gone, two stay (the rescale's), P's codes cost one FFMA and one FMNMX per element
+    and 48-64 PRMT per tile (three per four codes, plus ptxas's reorder of the operand's
+    halves), no spills."""
+    base, ll = sass_stats(
+        {"schedule": "warp_specialized", "row_sum": "p_operand", "p_scaling": "exp2_offset8"},
+        {"schedule": "warp_specialized", "row_sum": "p_operand", "p_scaling": "exp2_offset8",
+         "p_exp": "log_linear"})
+    assert base["main_loop"]["MUFU"] >= 64 and ll["main_loop"].get("MUFU", 0) <= 2, ll
+    assert ll["main_loop"].get("F2FP", 0) == 0 and 48 <= ll["main_loop"]["PRMT"] <= 64, ll
+    assert ll["ptxas"] == "spill stores 0 B", ll
+    assert all(spills == 0 for _, spills in ll["tile_loops_row_sum_mma"]), ll

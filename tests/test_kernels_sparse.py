@@ -103,6 +103,9 @@ CASES = [  # (S, H, Hkv, D, recipe)
     # the row sum of the E4M3 P (exact tiles; Sol's summary route keeps its FP32 sum)
     (400, 4, 2, 64, "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand"),
     (333, 2, 2, 128, "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.3,row_sum=p_operand"),
+    # P's E4M3 codes without an exponential (p_exp "log_linear")
+    (400, 4, 2, 64, "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,"
+                    "p_exp=log_linear"),
     # the BF16 baselines on the same loop (BF16 operands and P, no quantizer)
     (400, 2, 2, 64, "vsa_bf16:vsa_keep=0.3"),
     (333, 2, 1, 128, "bf16:sparsity=sol,sol_tau=0.5"),
@@ -131,6 +134,7 @@ def test_sparse_kernel_error_within_125_percent_of_the_emulation(S, H, Hkv, D, n
 
 
 PREFIX_EXACT = "fp8_sol_kv_corrected:dense_prefix=false,prefix_blocks_exact=true"
+LL = "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,p_exp=log_linear"
 
 
 def check_prefix_blocks(name, S, H, Hkv, D, device=None):
@@ -420,6 +424,17 @@ hopper = pytest.mark.skipif(
      SparseConfig(kv_splits=2, summary_precision="ieee")),
     # whole CTAs of prefix blocks on the dense kernel, on a side stream, with P @ ones too
     ((4111, 4, 2, 128), PREFIX_EXACT + ",row_sum=p_operand", SparseConfig(kv_splits=1)),
+    # P's E4M3 codes without an exponential (p_exp "log_linear"): the list kernel with its
+    # summary tiles and with the summary pass, VSA, the prefix blocks on the dense kernel, the
+    # programs kernel in two KV parts
+    ((4111, 4, 2, 128), LL, SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
+    ((4111, 4, 2, 128), LL, SparseConfig(kv_splits=1, schedule="warp_specialized",
+                                         summary_kernel="gluon")),
+    ((4111, 4, 4, 128), LL + ",sparsity=vsa,vsa_keep=0.2",
+     SparseConfig(schedule="warp_specialized", kv_splits=1)),
+    ((4111, 4, 2, 128), LL + ",dense_prefix=false,prefix_blocks_exact=true",
+     SparseConfig(kv_splits=1)),
+    ((2000, 4, 2, 64), LL, SparseConfig(kv_splits=2, summary_precision="ieee")),
 ])
 def test_gpu_sparse_kernel_error_within_125_percent_of_the_emulation(shape, name, sparse):
     S, H, Hkv, D = shape

@@ -104,10 +104,11 @@ def test_ws_kernel_matches_programs_kernel(stages, shape, ws_calls):
     assert float((b == a).float().mean()) > 0.95
 
 
-@pytest.mark.parametrize("p_scaling,row_sum", [("unit", "p_fp32"), ("exp2_offset8", "p_fp32"),
-                                               ("rowmax448", "p_fp32"), ("unit", "p_operand"),
-                                               ("exp2_offset8", "p_operand")])
-def test_ws_kernel_within_tolerance_of_emulation(p_scaling, row_sum, ws_calls):
+@pytest.mark.parametrize("p_scaling,row_sum,p_exp", [
+    ("unit", "p_fp32", "exp2"), ("exp2_offset8", "p_fp32", "exp2"), ("rowmax448", "p_fp32", "exp2"),
+    ("unit", "p_operand", "exp2"), ("exp2_offset8", "p_operand", "exp2"),
+    ("exp2_offset8", "p_operand", "log_linear")])
+def test_ws_kernel_within_tolerance_of_emulation(p_scaling, row_sum, p_exp, ws_calls):
     """Against float64 within 1.25x of the recipe's emulation. row_sum="p_operand" (P @ ones on
     the tensor cores) also against the programs kernel's FP32 adds of the same E4M3 P: the two
     row sums differ only in their summation order and the MMA's truncation (the FP8 MMA cuts every
@@ -115,7 +116,9 @@ def test_ws_kernel_within_tolerance_of_emulation(p_scaling, row_sum, ws_calls):
     small nonzero P loses up to a few 1e-3 of its sum: measured at most 1.11e-4 in the LSE here
     with exp2_offset8, 2.32e-3 on the list kernel's input below; H200, 2026-12-02), so their
     LSEs agree to 5e-4 here (the tensor-core form of commit 1a048a6 read wrong ones: half the
-    row sum, an LSE off by log 2)."""
+    row sum, an LSE off by log 2). p_exp "log_linear" (P's codes without an exponential): the
+    same rules, and the output nearer the programs kernel's log-linear codes than the exp2
+    kernel's (a kernel that ignored the flag would be the exp2 one)."""
     from workbench.attention import dense_attention_f64, evenly_spaced_rows, recipe_attention
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
 
@@ -123,17 +126,22 @@ def test_ws_kernel_within_tolerance_of_emulation(p_scaling, row_sum, ws_calls):
     idx = evenly_spaced_rows(5000, 256).cuda()
     ref, _ = dense_attention_f64(q, k, v, query_index=idx)
     emu = recipe_attention(q, k, v, f"fp8_dense_kv_corrected:p_scaling={p_scaling},"
-                           f"row_sum={row_sum}", query_index=idx)
+                           f"row_sum={row_sum},p_exp={p_exp}", query_index=idx)
     qq = quantized(q, k, v)
-    out, lse = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, p_scaling=p_scaling,
-                                 row_sum=row_sum, return_lse=True, config=ws_config(2))
+    kw = dict(num_heads=4, scale=128**-0.5, p_scaling=p_scaling, row_sum=row_sum, p_exp=p_exp,
+              return_lse=True)
+    out, lse = fp8_attention_fwd(qq, config=ws_config(2), **kw)
     e_k, e_e = rel_l2(out[:, idx], ref), rel_l2(emu.out, ref)
+    print(f"GPU ws dense {p_scaling} {row_sum} {p_exp}: kernel {e_k:.4e} emulation {e_e:.4e}")
     assert ws_calls["dense"] == 1 and e_k <= 1.25 * e_e, (ws_calls, e_k, e_e)
     if row_sum == "p_operand":
-        a, lse_a = fp8_attention_fwd(qq, num_heads=4, scale=128**-0.5, p_scaling=p_scaling,
-                                     row_sum=row_sum, return_lse=True, config=PROGRAMS)
+        a, lse_a = fp8_attention_fwd(qq, config=PROGRAMS, **kw)
         assert rel_l2(out, a) < 0.1 * e_e, (rel_l2(out, a), e_e)
         torch.testing.assert_close(lse, lse_a, rtol=0, atol=5e-4)
+    if p_exp == "log_linear":
+        x = fp8_attention_fwd(qq, config=ws_config(2), **dict(kw, p_exp="exp2"))[0]
+        print(f"  vs programs log-linear {rel_l2(out, a):.3e}, vs exp2 kernel {rel_l2(out, x):.3e}")
+        assert rel_l2(out, a) < 0.2 * rel_l2(out, x), (rel_l2(out, a), rel_l2(out, x))
 
 
 def test_ws_kernel_f32_output_and_prefix_rows_untouched():

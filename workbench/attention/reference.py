@@ -11,7 +11,8 @@ Emulation choices (the kernels' torch twin; say so in any comparison):
   V smoothing subtracts mu_V; the output adds mu_V back, or ``v_corr = mu_V - mean_t(dq(V - mu_V))``
   with the V-bias correction, which makes the effective V's token mean exact.
 - P = 2^(s - m) uses the row's final max m (computed in a first pass), so the result does not depend
-  on the key-tile order; the row sum l accumulates the FP32 P while PV uses the quantized P
+  on the key-tile order (``p_exp="log_linear"``: P's E4M3 code linear in s - m', m' = m on the 1/8
+  grid, ``_log_linear_p``); the row sum l accumulates the FP32 P while PV uses the quantized P
   (as SageAttention and FA3 do). A kernel's online softmax quantizes 2^(s - m_running) instead: the
   same error statistics, not the same bits.
 - Sol routing is decided from FP32 Q block means and (smoothed) FP32 K block means; the summary
@@ -98,6 +99,19 @@ def _quantize_p(p: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
     if recipe.p_scaling == "exp2_offset8":
         return round_to_e4m3(p * 256.0) / 256.0
     return round_to_e4m3(p)
+
+
+def _log_linear_p(s: torch.Tensor, m: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
+    """P of ``p_exp="log_linear"`` (recipe.py), scaled back by 2^-c like ``_quantize_p``, relative
+    to the grid max m' = ceil(8 m) / 8 (``_attend`` rescales the state to m afterwards).
+
+    s: [.., n, c] scores in log2 units (-inf where masked), m: [.., n] the row max. The E4M3 code
+    is round(8 s - 8 m' + 8 c) + 56 (round half to even, as the kernels' FP32 add rounds), codes
+    <= 0 give P = 0; the code's E4M3 value is exactly what the kernels' byte holds."""
+    c = 8.0  # the only P scaling log_linear takes (validate): exp2_offset8
+    code = torch.round(8 * s - torch.ceil(8 * m)[..., None] + (8 * c + 56))
+    code = code.clamp(min=0, max=126).nan_to_num(0.0)  # -inf scores: code 0, P = 0
+    return code.to(torch.uint8).view(torch.float8_e4m3fn).to(s.dtype) / 2.0**c
 
 
 def _pv(p: torch.Tensor, v: torch.Tensor, recipe: AttentionRecipe, state: dict) -> torch.Tensor:
@@ -208,7 +222,10 @@ def _attend(
         s1 = min(S, s0 + key_chunk)
         s = cache.pop(s0) if cache_ok else scores(s0, s1)
         p = torch.exp2(s - m[..., None])
-        pq = _quantize_p(p, recipe).to(dt)
+        if recipe.p_exp == "log_linear":
+            pq = _log_linear_p(s, m, recipe).to(dt)
+        else:
+            pq = _quantize_p(p, recipe).to(dt)
         if recipe.row_sum == "p_operand":
             ones = torch.ones((s1 - s0, 1), device=qs.device, dtype=dt)
             row_sum += _pv(pq, ones, recipe, state_l)[..., 0]
@@ -219,6 +236,13 @@ def _attend(
         acc += state["inner"]
     if state_l.get("inner") is not None:
         row_sum += state_l["inner"][..., 0]
+    if recipe.p_exp == "log_linear":
+        # the codes are relative to the row max on the 1/8 grid, m' = ceil(8 m) / 8: rescale the
+        # state to m once, as the kernels do after their exact tiles (the summary route's
+        # weights are relative to m)
+        grid = torch.exp2(torch.ceil(8 * m) / 8 - m)
+        acc = acc * grid[..., None]
+        row_sum = row_sum * grid
     if summary is not None:
         w = torch.exp2(ss - m[..., None])  # zero where the block is exact
         acc += w @ vc

@@ -130,11 +130,11 @@ def side_by_side(B, S, H, D, *, n_sets=2, recipes=RECIPES, peers=DEFAULT_PEERS, 
         outbuf = torch.empty_like(q0)
         acc_k = accuracy(fp8_attention_fwd(qkvs.sets[0], num_heads=H, scale=D**-0.5,
                                            p_scaling=r.p_scaling, row_sum=r.row_sum,
-                                           config=config.attention)[0])
+                                           p_exp=r.p_exp, config=config.attention)[0])
         record(label, "kernel",
                lambda *_, r=r, qkvs=qkvs, outbuf=outbuf: fp8_attention_fwd(
                    qkvs.next(), num_heads=H, scale=D**-0.5, out=outbuf, p_scaling=r.p_scaling,
-                   row_sum=r.row_sum, config=config.attention),
+                   row_sum=r.row_sum, p_exp=r.p_exp, config=config.attention),
                acc_k, "fp8", {"emu_rel_l2": emu_rel})
         record(label, "prep", prep, None, "fp8")
         st_row = record(label, "stats", lambda q, k, v, r=r: kv_stats(

@@ -288,6 +288,7 @@ def stage_times(q, k, v, recipe, layout, kernel_config, dev: str, rep_ms: int) -
     def attend(rt):
         return fp8_attention_fwd(qkv, num_heads=H, scale=scale, out=out, row_start=prefix,
                                  p_scaling=recipe.p_scaling, row_sum=recipe.row_sum,
+                                 p_exp=recipe.p_exp,
                                  config=kernel_config.attention,
                                  routing=rt, sparse=kernel_config.sparse)
 

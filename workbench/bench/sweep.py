@@ -112,12 +112,12 @@ def sweep(points: list[SweepPoint], *, shape=(1, 32626, 56, 128),
             try:
                 o, _ = fp8_attention_fwd(qkvs[0], num_heads=H, scale=D**-0.5,
                                          p_scaling=r.p_scaling, row_sum=r.row_sum,
-                                         config=cfg.attention)
+                                         p_exp=r.p_exp, config=cfg.attention)
                 rel = float((o[:, idx].double() - ref).norm() / ref.norm())
                 buf, rot = torch.empty_like(q0), Rotating(qkvs)
                 ms = timed(lambda: fp8_attention_fwd(rot.next(), num_heads=H, scale=D**-0.5,
                                                      out=buf, p_scaling=r.p_scaling,
-                                                     row_sum=r.row_sum,
+                                                     row_sum=r.row_sum, p_exp=r.p_exp,
                                                      config=cfg.attention))
                 # against the first config's output (operands from each config's own
                 # quantizer: the same codes unless the quant section changes them)

@@ -20,6 +20,11 @@ Numerics:
   l and P @ V both take the scaled P, so the scale cancels in acc / l: no epilogue work, and the
   LSE subtracts c once. With c != 0 the running-max bias m*qs - c is one FMA instead of one FMUL,
   so the loop has the same instruction count;
+- P from its exponent (the recipe's ``p_exp``): "exp2", or "log_linear" (``_ll_p``): no
+  exponential; one FMA per element puts 8 (s - m' + c) + 56 into the low bits of an FP32 number
+  near 2^23, whose rounding is the E4M3 code's (m' = the running max on the 1/8 grid,
+  ``_ll_row_bias``); the state is rescaled to the exact max after the exact tiles
+  (``_ll_to_row_max``);
 - accumulation: every FP8 product chain reaches the FP32 accumulator after at most 128 terms
   (Hopper's FP8 wgmma accumulator keeps fewer than 23 mantissa bits); see
   ``config.AttentionConfig.flush``;
@@ -77,6 +82,8 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The recipe's p_scaling -> c in P = 2^(s - m + c) (see the module docstring)
 P_LOG2_SCALES = {"unit": 0.0, "exp2_offset8": 8.0, "rowmax448": math.log2(448.0)}
+# The recipe's p_exp: P from the SFU's exp2, or its E4M3 code linear in the exponent (``_ll_p``)
+P_EXPS = ("exp2", "log_linear")
 
 
 @triton.jit
@@ -84,7 +91,8 @@ def _key_tile(n0, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
               HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
               MASK_KEYS: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
               IMP_PV: tl.constexpr, PV_FMA: tl.constexpr, PERM_P: tl.constexpr,
-              USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr = False):
+              USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr = False,
+              P_LL: tl.constexpr = False):
     """Load the key tile at n0 and run one step of the online softmax on it. ``tiles`` = (K8,
     V8T, kd, vd, SK, kbase, vbase, skbase): the operands and this program's offsets into them.
     Returns the updated (acc, l_i, m_i)."""
@@ -103,7 +111,7 @@ def _key_tile(n0, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
         s1 = tl.load(SK + skbase + n0 // SCALE_BLOCK + 1)
     return _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, n0 + offs_n < S, offs_n, BLOCK_N,
                        SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P, P_LOG2_SCALE,
-                       ROW_SUM_P)
+                       ROW_SUM_P, P_LL)
 
 
 @triton.jit
@@ -111,7 +119,8 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr,
                MASK_KEYS: tl.constexpr, ROUND_P: tl.constexpr, IMP_QK: tl.constexpr,
                IMP_PV: tl.constexpr, PV_FMA: tl.constexpr, PERM_P: tl.constexpr,
-               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr):
+               USE_TMA: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr,
+               P_LL: tl.constexpr = False):
     """The sparse form of ``_key_tile``: the key tile made of the key blocks at entries e (and
     e + 1 with 128-key tiles) of this query block's list ``lst`` (``cnt`` entries). Each 64-key
     half keeps its own K scale (the two-scale fold of ``_softmax_pv``); V^T's token order is
@@ -122,7 +131,7 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
     if TWO_BOXES:  # 128-key tiles from two unjoined 64-key TMA boxes
         acc, l_i, m_i = _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, HEAD_D,
                                           SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_QK, IMP_PV,
-                                          PV_FMA, PERM_P, P_LOG2_SCALE, ROW_SUM_P)
+                                          PV_FMA, PERM_P, P_LOG2_SCALE, ROW_SUM_P, P_LL)
     else:
         K8, V8T, kd, vd, SK, kbase, vbase, skbase = tiles
         j0 = tl.load(lst + e)
@@ -149,7 +158,7 @@ def _list_tile(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad, offs_n, d,
             key_ok = key_ok & (half0 | (e + 1 < cnt))
         acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n, BLOCK_N,
                                     SCALE_BLOCK, MASK_KEYS, ROUND_P, IMP_PV, PV_FMA, PERM_P,
-                                    P_LOG2_SCALE, ROW_SUM_P)
+                                    P_LOG2_SCALE, ROW_SUM_P, P_LL)
     return acc, l_i, m_i
 
 
@@ -158,7 +167,7 @@ def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
                       HEAD_D: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                       ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
                       PV_FMA: tl.constexpr, PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr,
-                      ROW_SUM_P: tl.constexpr):
+                      ROW_SUM_P: tl.constexpr, P_LL: tl.constexpr = False):
     """``_list_tile`` for 128-key tiles from TMA boxes without joining them: the two 64-key
     blocks at entries e, e + 1 each get their own Q K^T (m64n64) and P @ V (k = 64) straight from
     their shared-memory boxes, in one online-softmax step (one rescale of acc per 128 keys).
@@ -185,9 +194,14 @@ def _list_tile_halves(e, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
         ok1 = (j1 * SCALE_BLOCK + offs < S) & (e + 1 < cnt)
         raw1 = tl.where(ok1[None, :], raw1, float("-inf"))
     m_cand = tl.maximum(m_i, tl.maximum(tl.max(raw0, axis=1) * s0, tl.max(raw1, axis=1) * s1))
-    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-    p0 = tl.math.exp2(tl.fma(raw0, (qs * s0)[:, None], -mq[:, None]))
-    p1 = tl.math.exp2(tl.fma(raw1, (qs * s1)[:, None], -mq[:, None]))
+    if P_LL:
+        bias, alpha = _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+        p0 = _ll_p(raw0, (8.0 * (qs * s0))[:, None], bias)
+        p1 = _ll_p(raw1, (8.0 * (qs * s1))[:, None], bias)
+    else:
+        mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+        p0 = tl.math.exp2(tl.fma(raw0, (qs * s0)[:, None], -mq[:, None]))
+        p1 = tl.math.exp2(tl.fma(raw1, (qs * s1)[:, None], -mq[:, None]))
     if not ROW_SUM_P:
         l_i = l_i * alpha + (tl.sum(p0, axis=1) + tl.sum(p1, axis=1))
     p0 = _round_p(p0, ROUND_P)
@@ -275,10 +289,47 @@ def _row_bias(m_i, m_cand, qs, P_LOG2_SCALE: tl.constexpr):
 
 
 @triton.jit
+def _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE: tl.constexpr):
+    """(bias, alpha) of one online-softmax step with P's code linear in the exponent (the
+    recipe's p_exp "log_linear"): the row max in log2 units on the 1/8 grid, g = ceil(8 m qs),
+    so that bias = 2^23 + 56 + 8 c - g is an integer-valued FP32 (exact: FP32's spacing at 2^23
+    is 1), and alpha = 2^((g_old - g) / 8), the rescale of the previous state (relative to its
+    own grid max). -inf maxima give alpha 0, as in ``_row_bias``."""
+    g = tl.math.ceil(8.0 * (m_cand * qs))
+    alpha = tl.math.exp2((tl.math.ceil(8.0 * (m_i * qs)) - g) * 0.125)
+    return (8388608.0 + 56.0 + 8.0 * P_LOG2_SCALE) - g, alpha
+
+
+@triton.jit
+def _ll_p(x, f8, bias):
+    """P of the recipe's p_exp "log_linear" as FP32 values on the E4M3 grid: t = x * 8 f + bias
+    lies in [2^23, 2^24) for the codes that exist, where FP32's spacing is 1, so the add rounds
+    8 (s - m' + c) + 56 to the nearest integer (half to even) and t's bits minus those of 2^23
+    are the E4M3 code; t < 2^23 (P below E4M3's range, masked keys) clamps to code 0. The
+    warp-specialized kernels take the code's byte as the operand itself; here it is decoded
+    (codes >= 8: exponent and mantissa bits moved into FP32's; below: the subnormals c 2^-9)."""
+    t = tl.maximum(tl.fma(x, f8, bias[:, None]), 8388608.0)
+    code = t.to(tl.int32, bitcast=True) - 0x4B000000
+    normal = ((code << 20) + 0x3C000000).to(tl.float32, bitcast=True)
+    return tl.where(code >= 8, normal, code.to(tl.float32) * 0.001953125)
+
+
+@triton.jit
+def _ll_to_row_max(acc, l_i, m_i, qs):
+    """After the exact tiles of a p_exp "log_linear" run: the state (acc, l) is relative to the
+    grid max ceil(8 m qs) / 8; rescale it to m qs, the reference of everything after it (the
+    summary route, the split parts, the LSE). acc / l is unchanged."""
+    mq = m_i * qs
+    g = tl.where(mq > float("-inf"), tl.math.exp2(tl.math.ceil(8.0 * mq) * 0.125 - mq), 1.0)
+    return acc * g[:, None], l_i * g
+
+
+@triton.jit
 def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
                 BLOCK_N: tl.constexpr, SCALE_BLOCK: tl.constexpr, MASK_KEYS: tl.constexpr,
                 ROUND_P: tl.constexpr, IMP_PV: tl.constexpr, PV_FMA: tl.constexpr,
-                PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr = False):
+                PERM_P: tl.constexpr, P_LOG2_SCALE: tl.constexpr, ROW_SUM_P: tl.constexpr = False,
+                P_LL: tl.constexpr = False):
     """Online softmax of one tile's raw scores [BLOCK_M, BLOCK_N] and its P @ V. s0 (s1): the K
     scale of the tile's first (second) 64-key half; key_ok [BLOCK_N]: keys that exist (read only
     with MASK_KEYS). ROW_SUM_P: the row sum takes the rounded P (the recipe's row_sum
@@ -306,8 +357,12 @@ def _softmax_pv(acc, l_i, m_i, raw, qs, v, s0, s1, key_ok, offs_n,
         mx1 = tl.max(tl.where(half0, float("-inf"), x), axis=1)
         m_cand = tl.maximum(m_i, tl.maximum(mx0 * s0, mx1 * s1))
         f = tl.where(half0, (qs * s0)[:, None], (qs * s1)[:, None])
-    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-    p = tl.math.exp2(tl.fma(x, f, -mq[:, None]))
+    if P_LL:  # the recipe's p_exp "log_linear": P's E4M3 code by one FMA (``_ll_p``)
+        bias, alpha = _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+        p = _ll_p(x, 8.0 * f, bias)
+    else:
+        mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+        p = tl.math.exp2(tl.fma(x, f, -mq[:, None]))
     if not ROW_SUM_P:
         l_i = l_i * alpha + tl.sum(p, axis=1)
     if not PV_FMA:
@@ -431,7 +486,8 @@ def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
                PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
                P_LOG2_SCALE: tl.constexpr, SUMMARY: tl.constexpr, KV_SPLITS: tl.constexpr,
                SUM_CHUNK: tl.constexpr, SUM_PREC: tl.constexpr, INTERPRET: tl.constexpr,
-               SUMMARY_ONLY: tl.constexpr = False, ROW_SUM_P: tl.constexpr = False):
+               SUMMARY_ONLY: tl.constexpr = False, ROW_SUM_P: tl.constexpr = False,
+               P_LL: tl.constexpr = False):
     """The sparse main loop of one query block (list row ``row``), part ``sid`` of KV_SPLITS:
     the exact key blocks of the list two by two (one by one with 64-key tiles) without masks,
     then the last part's masked tile (an odd last entry and / or the partial last key block of
@@ -443,7 +499,7 @@ def _list_rows(acc, l_i, m_i, q, qs, tiles, row, sid, S, S_pad, offs_n, d,
         acc, l_i, m_i = _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n,
                                     d, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
                                     PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, KV_SPLITS, INTERPRET,
-                                    ROW_SUM_P)
+                                    ROW_SUM_P, P_LL)
     if SUMMARY:
         n_sum = N_KB - cnt
         if sid == KV_SPLITS - 1:
@@ -469,7 +525,7 @@ def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
                 ROUND_P: tl.constexpr, IMP_QK: tl.constexpr, IMP_PV: tl.constexpr,
                 PV_FMA: tl.constexpr, PERM_P: tl.constexpr, USE_TMA: tl.constexpr,
                 P_LOG2_SCALE: tl.constexpr, KV_SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
-                ROW_SUM_P: tl.constexpr):
+                ROW_SUM_P: tl.constexpr, P_LL: tl.constexpr = False):
     """The exact key blocks of one list (``cnt`` entries at ``lst``), part ``sid``."""
     BPT: tl.constexpr = BLOCK_N // SCALE_BLOCK  # key blocks per tile
     last = tl.load(lst + cnt - 1)  # lists ascend: the partial last block comes last
@@ -484,20 +540,22 @@ def _exact_rows(acc, l_i, m_i, q, qs, tiles, lst, cnt, sid, S, S_pad, offs_n, d,
             acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                        offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
                                        IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
-                                       ROW_SUM_P)
+                                       ROW_SUM_P, P_LL)
             t += 1
     else:
         for t in tl.range(t0, t1):
             acc, l_i, m_i = _list_tile(t * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                        offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False, ROUND_P,
                                        IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
-                                       ROW_SUM_P)
+                                       ROW_SUM_P, P_LL)
     if sid == KV_SPLITS - 1:
         if n_tiles * BPT < cnt:
             acc, l_i, m_i = _list_tile(n_tiles * BPT, lst, cnt, acc, l_i, m_i, q, qs, tiles, S,
                                        S_pad, offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True,
                                        ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
-                                       P_LOG2_SCALE, ROW_SUM_P)
+                                       P_LOG2_SCALE, ROW_SUM_P, P_LL)
+    if P_LL:
+        acc, l_i = _ll_to_row_max(acc, l_i, m_i, qs)
     return acc, l_i, m_i
 
 
@@ -516,7 +574,7 @@ def _fp8_attn_fwd_kernel(
     WORK_LIST: tl.constexpr = False, KV_SPLITS: tl.constexpr = 1,
     SUM_CHUNK: tl.constexpr = 64, SUM_PREC: tl.constexpr = "tf32",
     SUMMARY_ONLY: tl.constexpr = False, INIT_SUMMARY: tl.constexpr = False,
-    ROW_SUM_P: tl.constexpr = False,
+    ROW_SUM_P: tl.constexpr = False, P_LL: tl.constexpr = False,
 ):
     """Dense: grid (S / BLOCK_M, B * H), every key tile. SPARSE (BLOCK_M = the 64-row routing
     block): the key blocks of the query block's list (``_list_rows``); grid (n_qblocks, B * H,
@@ -560,7 +618,8 @@ def _fp8_attn_fwd_kernel(
                                    S_pad, offs_n, d, BLOCKS, COUNTS, KC, VCS, LENS, bhk * N_KB,
                                    N_KB, HEAD_D, BLOCK_N, SCALE_BLOCK, ROUND_P, IMP_QK, IMP_PV,
                                    PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE, SUMMARY, KV_SPLITS,
-                                   SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY, ROW_SUM_P)
+                                   SUM_CHUNK, SUM_PREC, INTERPRET, SUMMARY_ONLY, ROW_SUM_P,
+                                   P_LL)
         if INIT_SUMMARY:
             if sid == 0:
                 # merge the summary pass's state after the exact tiles (loading it before the
@@ -586,20 +645,22 @@ def _fp8_attn_fwd_kernel(
                 acc, l_i, m_i = _key_tile(j * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                           offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False,
                                           ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
-                                          P_LOG2_SCALE, ROW_SUM_P)
+                                          P_LOG2_SCALE, ROW_SUM_P, P_LL)
                 j += 1
         else:
             for j in tl.range(0, n_full):
                 acc, l_i, m_i = _key_tile(j * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                           offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, False,
                                           ROUND_P, IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA,
-                                          P_LOG2_SCALE, ROW_SUM_P)
+                                          P_LOG2_SCALE, ROW_SUM_P, P_LL)
         # Peeled partial tile (S % BLOCK_N keys; its pad keys are zeros in memory, masked).
         if n_full * BLOCK_N < S:
             acc, l_i, m_i = _key_tile(n_full * BLOCK_N, acc, l_i, m_i, q, qs, tiles, S, S_pad,
                                       offs_n, d, HEAD_D, BLOCK_N, SCALE_BLOCK, True, ROUND_P,
                                       IMP_QK, IMP_PV, PV_FMA, PERM_P, USE_TMA, P_LOG2_SCALE,
-                                      ROW_SUM_P)
+                                      ROW_SUM_P, P_LL)
+        if P_LL:
+            acc, l_i = _ll_to_row_max(acc, l_i, m_i, qs)
 
     if SUMMARY_ONLY:  # the summary route's unnormalized state, for the exact-tile pass
         tl.store(SUM_O + srow[:, None] * HEAD_D + d[None, :], acc)
@@ -687,6 +748,7 @@ def fp8_attention_fwd(
     p_scaling: str = "unit",
     row_sum: str = "p_fp32",
     config: AttentionConfig = DEFAULT.attention,
+    p_exp: str = "exp2",
     routing=None,
     sparse: SparseConfig = DEFAULT.sparse,
 ):
@@ -698,6 +760,9 @@ def fp8_attention_fwd(
     row_sum: the recipe's row sum: "p_fp32" (the FP32 P) or "p_operand" (the E4M3 P of P @ V:
     on the tensor cores as P @ ones in the warp-specialized kernels, FP32 adds of the rounded P
     in the programs kernel; Sol's summary route keeps its FP32 row sum, as the emulation).
+    p_exp: the recipe's P from its exponent: "exp2" (the SFU's exp2, rounded to E4M3) or
+    "log_linear" (the E4M3 code linear in the exponent, one FMA per element; needs
+    p_scaling "exp2_offset8" and row_sum "p_operand", as the recipe does).
     config: tiling and launch (``config.AttentionConfig``; default = the measured H200 values).
     routing: a ``routing.BlockRouting`` (64-token blocks, computed with the same mu_K / mu_V as
     the quantizer): only the key blocks of each query block's exact list run, and Sol's summary
@@ -708,6 +773,12 @@ def fp8_attention_fwd(
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
     if row_sum not in ROW_SUMS:
         raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
+    if p_exp not in P_EXPS:
+        raise ValueError(f"p_exp: {p_exp!r}; the kernel implements {list(P_EXPS)}")
+    if p_exp == "log_linear" and (p_scaling, row_sum) != ("exp2_offset8", "p_operand"):
+        raise ValueError(f"p_exp='log_linear' needs p_scaling='exp2_offset8' and "
+                         f"row_sum='p_operand' (got {p_scaling!r}, {row_sum!r}): its codes are "
+                         "of the scaled P, and the row sum must take them")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
@@ -726,8 +797,11 @@ def fp8_attention_fwd(
         return fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
                                     out_dtype=out_dtype, row_start=row_start,
                                     return_lse=return_lse, out_f32=out_f32, p_scaling=p_scaling,
-                                    row_sum=row_sum, stages=c.num_stages)
+                                    row_sum=row_sum, stages=c.num_stages, p_exp=p_exp)
     bf16_ops = qkv.q8.dtype == torch.bfloat16  # quantize.bf16_operands: the BF16 baselines
+    if bf16_ops and p_exp != "exp2":
+        raise ValueError(f"p_exp={p_exp!r} with BF16 operands: the BF16 baselines take the "
+                         "FP32 exp2")
     if bf16_ops and row_sum != "p_fp32":
         raise ValueError(f"row_sum={row_sum!r} with BF16 operands: the BF16 baselines sum the "
                          "FP32 P (the kernels round the row sum's P to E4M3)")
@@ -770,7 +844,7 @@ def fp8_attention_fwd(
             IMP_PV=min(c.max_imprecise, c.block_n), WRITE_LSE=return_lse, OUT_F32=out_f32,
             USE_TMA=use_tma, PV_FMA=pv_fma, PERM_P=bool(qkv.v_perm),
             P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], INTERPRET=interp,
-            ROW_SUM_P=row_sum == "p_operand",
+            ROW_SUM_P=row_sum == "p_operand", P_LL=p_exp == "log_linear",
             num_warps=c.num_warps, num_stages=num_stages, **constexprs, **extra,
         )
 
@@ -812,7 +886,7 @@ def fp8_attention_fwd(
                     fp8_attention_fwd_ws(qkv, num_heads=num_heads, scale=scale, out=out,
                                          row_start=row_start, out_f32=out_f32,
                                          p_scaling=p_scaling, row_sum=row_sum,
-                                         stages=c.num_stages, row_end=dense_end)
+                                         stages=c.num_stages, row_end=dense_end, p_exp=p_exp)
             try:  # the summary tiles' operands after the fork: the dense rows do not need them
                 tiles = ws_lists.summary_tiles(qkv, routing) if sp.tiles else None
                 ws_lists.fp8_attention_ws_lists(
@@ -820,7 +894,7 @@ def fp8_attention_fwd(
                     row_start=dense_end if side is not None else row_start,
                     out_f32=out_f32, p_log2_scale=P_LOG2_SCALES[p_scaling], sum_o=sp.sum_o,
                     sum_ml=sp.sum_ml, stages=c.num_stages, grouping=sparse.ws_grouping,
-                    summary=tiles, row_sum=row_sum)
+                    summary=tiles, row_sum=row_sum, p_exp=p_exp)
             finally:
                 if side is not None:
                     main.wait_stream(side)

@@ -53,7 +53,8 @@ LOG2E = 1.4426950408889634
 
 @gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr,
+              P_LL: gl.constexpr):
     """One warp: Q tiles of the CTA's consumers, then every K / V tile into the ring (the
     consumers' signature: warp_specialize's worker partitions share one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -96,19 +97,79 @@ def _row_bias(m_i, m_cand, qs, P_LOG2_SCALE: gl.constexpr):
 
 
 @gluon.jit
+def _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE: gl.constexpr):
+    """``attention_fp8._ll_row_bias`` (the recipe's p_exp "log_linear"): (the integer-valued
+    FP32 bias 2^23 + 56 + 8 c - ceil(8 m qs), the rescale 2^((g_old - g) / 8))."""
+    g = gl.ceil(8.0 * (m_cand * qs))
+    alpha = gl.exp2((gl.ceil(8.0 * (m_i * qs)) - g) * 0.125)
+    return (8388608.0 + 56.0 + 8.0 * P_LOG2_SCALE) - g, alpha
+
+
+@gluon.jit
+def _ll_codes(x, fb, bb, a_layout: gl.constexpr, PERM_P: gl.constexpr):
+    """P's E4M3 operand of P @ V for p_exp "log_linear" (``attention_fp8._ll_p``), no
+    exponential: t = x * fb + bb (the raw scores, 8 f and the row bias ``_ll_row_bias``, as
+    tensors of x's shape) rounds 8 (s - m' + c) + 56 to an integer in FP32's
+    [2^23, 2^24), the clamp at 2^23 sends the P below E4M3's range (and masked keys) to code 0,
+    and t's low byte is the code. Four elements per inline-PTX block (one FMA and one max each,
+    three byte permutes for the four): the keys are first put in the A operand's register order
+    (``_perm_keys``), so each block's four bytes are one operand register (packed in the
+    accumulator's order, ptxas spent 16 more PRMT per tile reordering them; the same steps in
+    Triton's own ops spilled 8 instructions per tile in two consumers)."""
+    if PERM_P:
+        x = _perm_keys(x)
+        fb = _perm_keys(fb)
+        bb = _perm_keys(bb)
+    codes = gl.inline_asm_elementwise(
+        """{
+        .reg .f32 t<4>;
+        .reg .b32 u<2>;
+        fma.rn.f32 t0, $1, $5, $9;
+        fma.rn.f32 t1, $2, $6, $10;
+        fma.rn.f32 t2, $3, $7, $11;
+        fma.rn.f32 t3, $4, $8, $12;
+        max.f32 t0, t0, 0f4B000000;
+        max.f32 t1, t1, 0f4B000000;
+        max.f32 t2, t2, 0f4B000000;
+        max.f32 t3, t3, 0f4B000000;
+        prmt.b32 u0, t0, t1, 0x0040;
+        prmt.b32 u1, t2, t3, 0x0040;
+        prmt.b32 $0, u0, u1, 0x5410;
+        }""",
+        "=r,f,f,f,f,f,f,f,f,f,f,f,f", [x, fb, bb], dtype=gl.int8, is_pure=True, pack=4)
+    p8 = codes.to(gl.float8e4nv, bitcast=True)
+    if PERM_P:
+        return gl.convert_layout(p8, a_layout, assert_trivial=True)
+    else:
+        return gl.convert_layout(p8, a_layout)
+
+
+@gluon.jit
+def _ll_row_max(m_i, qs):
+    """The LSE's row max of a p_exp "log_linear" state: its grid max ceil(8 m qs) / 8."""
+    return gl.ceil(8.0 * (m_i * qs)) * 0.125
+
+
+@gluon.jit
 def _p_operand(p8, a_layout: gl.constexpr, PERM_P: gl.constexpr):
     """P [64, BLOCK_N] (E4M3, accumulator layout) -> the register A operand of P @ V. PERM_P:
     the keys within every 32-key group reordered as k -> (k4, k1, k3, k2, k0) bits, the order in
     which a thread's accumulator registers hold them (V^T is stored in that order), so the
     conversion moves no data (``assert_trivial``)."""
     if PERM_P:
-        bm: gl.constexpr = p8.shape[0]
-        bn: gl.constexpr = p8.shape[1]
-        p5 = gl.reshape(p8, [bm, bn // 32, 2, 2, 2, 2, 2])
-        p8 = gl.reshape(gl.permute(p5, (0, 1, 2, 4, 5, 3, 6)), [bm, bn])
-        return gl.convert_layout(p8, a_layout, assert_trivial=True)
+        return gl.convert_layout(_perm_keys(p8), a_layout, assert_trivial=True)
     else:
         return gl.convert_layout(p8, a_layout)
+
+
+@gluon.jit
+def _perm_keys(x):
+    """x [64, BLOCK_N] in the accumulator layout with the keys of every 32-key group in the
+    order (k4, k1, k3, k2, k0) (``_p_operand``): the same registers, listed as the A operand's."""
+    bm: gl.constexpr = x.shape[0]
+    bn: gl.constexpr = x.shape[1]
+    x5 = gl.reshape(x, [bm, bn // 32, 2, 2, 2, 2, 2])
+    return gl.reshape(gl.permute(x5, (0, 1, 2, 4, 5, 3, 6)), [bm, bn])
 
 
 @gluon.jit
@@ -162,11 +223,12 @@ def _rescaled_row_sums(l_i, alpha, ls):
 @gluon.jit
 def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
           offs_n, mma: gl.constexpr, a_layout: gl.constexpr, MASK_KEYS: gl.constexpr,
-          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, ones=None):
+          P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, ones=None, P_LL: gl.constexpr = False):
     """One key tile of one consumer: wait for the slot, Q K^T, the online softmax with the
     per-half K scales folded into the row max and the exponent's factor, P @ V into a fresh
     accumulator, release the slot, flush by one FMA per element. ones (row_sum "p_operand"):
-    the [BLOCK_N, 8] E4M3 ones tile; l_i is then [64, 8], P @ ones on the tensor cores."""
+    the [BLOCK_N, 8] E4M3 ones tile; l_i is then [64, 8], P @ ones on the tensor cores. P_LL:
+    P's codes by ``_ll_codes`` (needs ones: the row sum takes the same codes)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
     HEAD_D: gl.constexpr = k_smem.shape[2]
@@ -184,12 +246,18 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
     mx0 = gl.max(gl.where(half0, raw, float("-inf")), axis=1)
     mx1 = gl.max(gl.where(half0, float("-inf"), raw), axis=1)
     m_cand = gl.maximum(m_i, gl.maximum(mx0 * s0, mx1 * s1))
-    f = gl.where(half0, qs * s0, qs * s1)
-    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-    p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
-    if ones is None:
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-    p8 = _p_operand(p.to(gl.float8e4nv), a_layout, PERM_P)
+    if P_LL:
+        bias, alpha = _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+        f8 = gl.where(half0, 8.0 * (qs * s0), 8.0 * (qs * s1))
+        p8 = _ll_codes(raw, gl.broadcast(f8, raw)[0], gl.broadcast(bias[:, None], raw)[0],
+                       a_layout, PERM_P)
+    else:
+        f = gl.where(half0, qs * s0, qs * s1)
+        mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+        p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
+        if ones is None:
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+        p8 = _p_operand(p.to(gl.float8e4nv), a_layout, PERM_P)
     zo = gl.zeros([64, HEAD_D], gl.float32, mma)
     pv = warpgroup_mma(p8, v_smem.index(st).permute((1, 0)), zo, use_acc=False, is_async=True)
     if ones is None:
@@ -207,7 +275,8 @@ def _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase, S,
 
 @gluon.jit
 def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
-              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
+              WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr,
+              P_LL: gl.constexpr):
     """Consumer warpgroup ``cid``: rows m0 + 64 cid .. + 63 over every key tile, then the
     epilogue of ``attention_fp8._epilogue`` (V channel scale, 1 / l, + v_corr)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -239,13 +308,16 @@ def _consumer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     n_full = S // BLOCK_N
     for j in range(n_full):
         acc, l_i, m_i = _tile(j, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK, skbase,
-                              S, offs_n, mma, a_layout, False, P_LOG2_SCALE, PERM_P, ones)
+                              S, offs_n, mma, a_layout, False, P_LOG2_SCALE, PERM_P, ones, P_LL)
     if n_full * BLOCK_N < S:
         acc, l_i, m_i = _tile(n_full, acc, l_i, m_i, q, qs, k_smem, v_smem, ready, empty, SK,
-                              skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P, ones)
+                              skbase, S, offs_n, mma, a_layout, True, P_LOG2_SCALE, PERM_P, ones,
+                              P_LL)
     if ROW_SUM_MMA:  # every column holds the row sum
         l_i = gl.convert_layout(gl.max(l_i, axis=1), row_l, assert_trivial=True)
-    _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
+    # the LSE's row max: the grid max the log-linear codes are relative to (acc / l is the same)
+    mlog = _ll_row_max(m_i, qs) if P_LL else m_i * qs
+    _store_rows(acc, l_i, mlog, r0, args, mma, P_LOG2_SCALE, WRITE_LSE, OUT_F32)
 
 
 @gluon.jit
@@ -285,7 +357,7 @@ def _fp8_attn_ws_kernel(
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
     N_CONS: gl.constexpr, STAGES: gl.constexpr, CONS_REGS: gl.constexpr,
     P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr,
-    OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr = False,
+    OUT_F32: gl.constexpr, ROW_SUM_MMA: gl.constexpr = False, P_LL: gl.constexpr = False,
 ):
     """Grid (cdiv(S, 64 * N_CONS), B * H); num_warps = 4 (the default partition = consumer 0)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -323,10 +395,10 @@ def _fp8_attn_ws_kernel(
     # them compile-time constants)
     gl.static_assert(N_CONS == 3)
     gl.warp_specialize([
-        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
-        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
-        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
-        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA)),
+        (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA, P_LL)),
+        (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA, P_LL)),
+        (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA, P_LL)),
+        (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, ROW_SUM_MMA, P_LL)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
@@ -355,17 +427,25 @@ CONSUMER_REGS = 160
 def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
                          out_dtype=torch.bfloat16, row_start: int = 0, return_lse: bool = False,
                          out_f32: bool = False, p_scaling: str = "unit", stages: int = 2,
-                         row_end: int | None = None, row_sum: str = "p_fp32"):
+                         row_end: int | None = None, row_sum: str = "p_fp32",
+                         p_exp: str = "exp2"):
     """The dense FP8 attention of ``attention_fp8.fp8_attention_fwd`` on the warp-specialized
     schedule (same arguments; ``stages`` K/V slots). row_end: only rows < row_end, a multiple of
     a CTA's 192 rows (the block-sparse launch's query blocks routed to every key block).
-    row_sum: "p_fp32" (FP32 adds of the FP32 P) or "p_operand" (P @ ones on the tensor cores)."""
-    from .attention_fp8 import P_LOG2_SCALES, ROW_SUMS
+    row_sum: "p_fp32" (FP32 adds of the FP32 P) or "p_operand" (P @ ones on the tensor cores).
+    p_exp: "exp2" or "log_linear" (``_ll_codes``; with p_scaling "exp2_offset8" and row_sum
+    "p_operand" only)."""
+    from .attention_fp8 import P_EXPS, P_LOG2_SCALES, ROW_SUMS
 
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
     if row_sum not in ROW_SUMS:
         raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
+    if p_exp not in P_EXPS:
+        raise ValueError(f"p_exp: {p_exp!r}; the kernel implements {list(P_EXPS)}")
+    if p_exp == "log_linear" and (p_scaling, row_sum) != ("exp2_offset8", "p_operand"):
+        raise ValueError(f"p_exp='log_linear' needs p_scaling='exp2_offset8' and "
+                         f"row_sum='p_operand' (got {p_scaling!r}, {row_sum!r})")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len
@@ -392,6 +472,7 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
         out.stride(0), out.stride(1), out.stride(2),
         N_CONS=CONSUMERS, STAGES=stages, CONS_REGS=CONSUMER_REGS,
         P_LOG2_SCALE=P_LOG2_SCALES[p_scaling], PERM_P=bool(qkv.v_perm), WRITE_LSE=return_lse,
-        OUT_F32=out_f32, ROW_SUM_MMA=row_sum == "p_operand", num_warps=4, maxnreg=MAXNREG,
+        OUT_F32=out_f32, ROW_SUM_MMA=row_sum == "p_operand", P_LL=p_exp == "log_linear",
+        num_warps=4, maxnreg=MAXNREG,
     )
     return out, lse

@@ -86,6 +86,9 @@ from .attention_fp8_ws import (
     MAXNREG,
     _ones_product,
     _ones_row_sums,
+    _ll_codes,
+    _ll_row_bias,
+    _ll_row_max,
     _ones_tile,
     _p_operand,
     _rescaled_row_sums,
@@ -229,7 +232,7 @@ def _last_bias(c: gl.constexpr, args):
 @gluon.jit
 def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
-              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
+              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr, P_LL: gl.constexpr):
     """The producer warp (the consumers' signature: warp_specialize's worker partitions share
     one; only args is read)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
@@ -306,18 +309,22 @@ def _qk_scores(t, q, c: gl.constexpr, args, mma: gl.constexpr):
 
 @gluon.jit
 def _pv_flush(p, alpha, acc, l_i, slot, args, mma: gl.constexpr, PERM_P: gl.constexpr,
-              ones=None):
+              ones=None, ops=None):
     """The tile's P [64, 128] (FP32, rounded here to E4M3) @ V: two products of 64 keys (the
     slot's two V^T boxes) into a fresh accumulator, the slot released, then the flush
     acc * alpha + pv. Returns (acc, l_i). ones (row_sum "p_operand"): the [64, 8] E4M3 ones
     tile; l_i [64, 8] then takes P @ ones from the same registers as P @ V (the dense kernel's
-    ``attention_fp8_ws._tile``), else l_i comes back as it was given."""
+    ``attention_fp8_ws._tile``), else l_i comes back as it was given. ops: the two halves'
+    E4M3 A operands made by the caller (p_exp "log_linear"; p unused)."""
     v_smem, empty = args[5], args[8]
     HEAD_D: gl.constexpr = v_smem.shape[1]
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-    p0, p1 = gl.split(gl.permute(gl.reshape(p.to(gl.float8e4nv), [64, 2, 64]), (0, 2, 1)))
-    p0 = _p_operand(p0, a_layout, PERM_P)
-    p1 = _p_operand(p1, a_layout, PERM_P)
+    if ops is None:
+        p0, p1 = _halves(p.to(gl.float8e4nv))
+        p0 = _p_operand(p0, a_layout, PERM_P)
+        p1 = _p_operand(p1, a_layout, PERM_P)
+    else:
+        p0, p1 = ops
     zo = gl.zeros([64, HEAD_D], gl.float32, mma)
     pv = warpgroup_mma(p0, v_smem.index(2 * slot).permute((1, 0)), zo, use_acc=False,
                        is_async=True)
@@ -335,14 +342,21 @@ def _pv_flush(p, alpha, acc, l_i, slot, args, mma: gl.constexpr, PERM_P: gl.cons
 
 
 @gluon.jit
+def _halves(x):
+    """x [64, 128] -> its two 64-key halves [64, 64] (the same registers)."""
+    return gl.split(gl.permute(gl.reshape(x, [64, 2, 64]), (0, 2, 1)))
+
+
+@gluon.jit
 def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
                  c: gl.constexpr, args, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
-                 PERM_P: gl.constexpr, ones=None):
+                 PERM_P: gl.constexpr, ones=None, P_LL: gl.constexpr = False):
     """One tile of two 64-key blocks (``attention_fp8._list_tile_halves``, op for op);
     blocks = (j0, j1, their K scales s0, s1), loaded a tile ahead by the caller. The slot's two
     K boxes lie one after the other in shared memory, so Q K^T is one 128-key product (the same
     values as two 64-key ones: each score is its own dot product); the per-half maxima and row
-    sums keep the Triton kernel's order. ones: P @ ones for the row sum (``_pv_flush``)."""
+    sums keep the Triton kernel's order. ones: P @ ones for the row sum (``_pv_flush``).
+    P_LL: P's codes by ``attention_fp8_ws._ll_codes`` per half (needs ones)."""
     S = args[15]
     j0, j1, s0, s1 = blocks
     e = 2 * i
@@ -355,19 +369,31 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
     mx0 = gl.max(gl.where(half0, raw, float("-inf")), axis=1)
     mx1 = gl.max(gl.where(half0, float("-inf"), raw), axis=1)
     m_cand = gl.maximum(m_i, gl.maximum(mx0 * s0, mx1 * s1))
-    mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-    f = gl.where(half0, qs * s0, qs * s1)
-    p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
-    if ones is None:
-        ls = gl.sum(gl.where(half0, p, 0.0), axis=1) + gl.sum(gl.where(half0, 0.0, p), axis=1)
-        l_i = l_i * alpha + ls
-    acc, l_i = _pv_flush(p, alpha, acc, l_i, slot, args, mma, PERM_P, ones)
+    if P_LL:
+        bias, alpha = _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+        r0, r1 = _halves(raw)
+        b0, b1 = _halves(gl.broadcast(bias[:, None], raw)[0])
+        ops = (_ll_codes(r0, gl.full([64, 64], 8.0 * (qs * s0), gl.float32, r0.type.layout), b0,
+                         a_layout, PERM_P),
+               _ll_codes(r1, gl.full([64, 64], 8.0 * (qs * s1), gl.float32, r1.type.layout), b1,
+                         a_layout, PERM_P))
+        acc, l_i = _pv_flush(None, alpha, acc, l_i, slot, args, mma, PERM_P, ones, ops)
+    else:
+        mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
+        f = gl.where(half0, qs * s0, qs * s1)
+        p = gl.exp2(gl.fma(raw, gl.broadcast(f, raw)[0], -gl.broadcast(mq[:, None], raw)[0]))
+        if ones is None:
+            ls = gl.sum(gl.where(half0, p, 0.0), axis=1) + gl.sum(gl.where(half0, 0.0, p),
+                                                                  axis=1)
+            l_i = l_i * alpha + ls
+        acc, l_i = _pv_flush(p, alpha, acc, l_i, slot, args, mma, PERM_P, ones)
     return acc, l_i, m_cand
 
 
 @gluon.jit
 def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.constexpr,
-              PERM_P: gl.constexpr, P_LOG2_SCALE: gl.constexpr):
+              PERM_P: gl.constexpr, P_LOG2_SCALE: gl.constexpr, P_LL: gl.constexpr = False):
     """Summary tile u (running tile t) of consumer c: key blocks 128 u .. 128 u + 127 by their
     E4M3 mean keys kc8 (one scale skc per head) and value sums vc8 = vc / (256 s_v); the
     producer put the tile's score bias in shared memory (-inf for an exact block and past the
@@ -377,7 +403,10 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     no tile of the loop is special; a peeled last tile that scaled its block's share of the row
     sum took ~2,400 more cycles per consumer, H200 2026-12-02). P_LOG2_SCALE: the exact tiles'
     P scaling; the first summary tile divides the state by it with its rescale (the module
-    note)."""
+    note). P_LL (p_exp "log_linear"): the exact tiles' state is relative to their grid max
+    ceil(8 m qs) / 8, which the first summary tile's rescale takes back to m qs as well (the same
+    state scaled after the exact loop instead made ptxas spill 22 instructions per exact tile in
+    consumers 0 and 1, against 6)."""
     bias_smem = args[43]
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     raw, slot = _qk_scores(t, q, c, args, mma)
@@ -386,7 +415,11 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     raw = raw + bias_smem.index(slot).load(cols)[None, :]
     m_cand = gl.maximum(m_i, gl.max(raw, axis=1) * skc)
     mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
-    if P_LOG2_SCALE != 0.0:
+    if P_LL:
+        mq0 = m_i * qs
+        grid = gl.where(mq0 > float("-inf"), gl.exp2(gl.ceil(8.0 * mq0) * 0.125 - mq0), 1.0)
+        alpha = alpha * gl.where(u == 0, grid * 2.0**-P_LOG2_SCALE, 1.0)
+    elif P_LOG2_SCALE != 0.0:
         alpha = alpha * gl.where(u == 0, 2.0**-P_LOG2_SCALE, 1.0)
     p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),
                        -gl.broadcast((mq - 8.0)[:, None], raw)[0]))
@@ -407,7 +440,7 @@ def _blocks(lst, cnt, n_all, i, args):
 @gluon.jit
 def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.constexpr,
               WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr, INIT_SUMMARY: gl.constexpr,
-              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr):
+              SUM_TILES: gl.constexpr, ROW_SUM_MMA: gl.constexpr, P_LL: gl.constexpr):
     """Consumer c: the query block of entry pid_q0 + c of the head's ORDER (nothing past the
     last entry, nor for a block of dense-prefix rows: ``_row_list``). ROW_SUM_MMA: the exact
     tiles' row sum as P @ ones (l_i [64, 8] until the last exact tile; Sol's summary tiles and
@@ -439,11 +472,11 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         for i in range(n_full):
             nxt = _blocks(lst, cnt, n_all, i + 1, args)  # a tile ahead: off the critical path
             acc, l_i, m_i = _tile_halves(i, False, acc, l_i, m_i, q, qs, blocks, cnt, c, args,
-                                         mma, P_LOG2_SCALE, PERM_P, ones)
+                                         mma, P_LOG2_SCALE, PERM_P, ones, P_LL)
             blocks = nxt
         if n_full < n_all:
             acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, blocks, cnt, c,
-                                         args, mma, P_LOG2_SCALE, PERM_P, ones)
+                                         args, mma, P_LOG2_SCALE, PERM_P, ones, P_LL)
         if ROW_SUM_MMA:  # every column holds the row sum
             l_i = gl.convert_layout(gl.max(l_i, axis=1), rows, assert_trivial=True)
         P_EPILOGUE: gl.constexpr = 0.0 if SUM_TILES else P_LOG2_SCALE
@@ -452,14 +485,15 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
             skc = gl.load(args[41] + args[19])
             for u in range(n_sum):
                 acc, l_i, m_i = _sum_tile(u, n_all + u, acc, l_i, m_i, q, qs, skc, c, args, mma,
-                                          PERM_P, P_LOG2_SCALE)
+                                          PERM_P, P_LOG2_SCALE, P_LL)
         r0 = qb * 64
         if INIT_SUMMARY:
             # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
             # as the Triton kernel does
             d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, mma))
             srow = (bh * S_pad + r0 + gl.arange(0, 64, layout=rows)).to(gl.int64)
-            mq = m_i * qs
+            # the exact tiles' reference: their grid max with p_exp "log_linear"
+            mq = _ll_row_max(m_i, qs) if P_LL else m_i * qs
             ms = gl.load(SUM_ML + srow)
             mm = gl.maximum(mq, ms)
             a_x = gl.exp2(mq - mm)
@@ -468,7 +502,11 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
                 * a_s[:, None]
             l_i = l_i * a_x + gl.load(SUM_ML + N_BH * S_pad + srow) * a_s
             m_i = mm / qs
-        _store_rows(acc, l_i, m_i * qs, r0, args, mma, P_EPILOGUE, WRITE_LSE, OUT_F32)
+        if P_LL and not SUM_TILES and not INIT_SUMMARY:  # VSA: the grid max (acc / l is the
+            mlog = _ll_row_max(m_i, qs)  # same; the LSE takes the codes' reference)
+        else:
+            mlog = m_i * qs
+        _store_rows(acc, l_i, mlog, r0, args, mma, P_EPILOGUE, WRITE_LSE, OUT_F32)
 
 
 # GROUP stays a run-time int: at an MHA launch (GROUP = 1) triton made it a constant, and the
@@ -484,7 +522,7 @@ def _fp8_attn_ws_lists_kernel(
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
     INIT_SUMMARY: gl.constexpr, SUM_TILES: gl.constexpr = False,
-    ROW_SUM_MMA: gl.constexpr = False,
+    ROW_SUM_MMA: gl.constexpr = False, P_LL: gl.constexpr = False,
 ):
     """Grid (cdiv(N_QB, 3), B * H); num_warps = 4 (the default partition = consumer 0).
     HEAVY: the first HEAVY CTAs of every head (their ORDER entries: query blocks routed to every
@@ -541,13 +579,13 @@ def _fp8_attn_ws_lists_kernel(
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
     gl.warp_specialize([
         (_consumer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUM_TILES, ROW_SUM_MMA)),
+                     SUM_TILES, ROW_SUM_MMA, P_LL)),
         (_consumer, (args, 1, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUM_TILES, ROW_SUM_MMA)),
+                     SUM_TILES, ROW_SUM_MMA, P_LL)),
         (_consumer, (args, 2, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUM_TILES, ROW_SUM_MMA)),
+                     SUM_TILES, ROW_SUM_MMA, P_LL)),
         (_producer, (args, 0, P_LOG2_SCALE, PERM_P, WRITE_LSE, OUT_F32, INIT_SUMMARY,
-                     SUM_TILES, ROW_SUM_MMA)),
+                     SUM_TILES, ROW_SUM_MMA, P_LL)),
     ], [4, 4, 1], [CONS_REGS, CONS_REGS, 24])
 
 
@@ -677,17 +715,24 @@ def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD, LAST_SCALE,
 def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: int,
                            out_f32: bool, p_log2_scale: float, sum_o=None, sum_ml=None,
                            stages: int = 2, grouping: str = "by_length",
-                           summary: SummaryTiles | None = None, row_sum: str = "p_fp32"):
+                           summary: SummaryTiles | None = None, row_sum: str = "p_fp32",
+                           p_exp: str = "exp2"):
     """The exact tiles of block-sparse attention on the warp-specialized schedule, into `out`
     (and `lse` when given); ``sum_o`` / ``sum_ml``: Sol's summary-pass state to merge, or
     ``summary``: Sol's summary route as E4M3 tiles after each consumer's exact tiles
     (``SparseConfig.summary_kernel="fp8_tiles"``); grouping: which query blocks share a
     CTA (``query_order``); row_sum: "p_fp32" or "p_operand" (the exact tiles' row sum as
-    P @ ones on the tensor cores)."""
-    from .attention_fp8 import ROW_SUMS
+    P @ ones on the tensor cores); p_exp: "exp2" or "log_linear" (with p_log2_scale 8 and
+    row_sum "p_operand": ``attention_fp8_ws._ll_codes``)."""
+    from .attention_fp8 import P_EXPS, ROW_SUMS
 
     if row_sum not in ROW_SUMS:
         raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
+    if p_exp not in P_EXPS:
+        raise ValueError(f"p_exp: {p_exp!r}; the kernel implements {list(P_EXPS)}")
+    if p_exp == "log_linear" and (p_log2_scale, row_sum) != (8.0, "p_operand"):
+        raise ValueError(f"p_exp='log_linear' needs the P scaling exp2_offset8 and row_sum "
+                         f"'p_operand' (got 2^{p_log2_scale}, {row_sum!r})")
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     nq, nk = routing.exact.shape[-2:]
@@ -717,7 +762,7 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
         STAGES=stages, CONS_REGS=CONSUMER_REGS, P_LOG2_SCALE=p_log2_scale,
         PERM_P=bool(qkv.v_perm), WRITE_LSE=lse is not None, OUT_F32=out_f32,
         INIT_SUMMARY=sum_o is not None, SUM_TILES=summary is not None,
-        ROW_SUM_MMA=row_sum == "p_operand", num_warps=4,
+        ROW_SUM_MMA=row_sum == "p_operand", P_LL=p_exp == "log_linear", num_warps=4,
         maxnreg=MAXNREG,
     )
     return out, lse

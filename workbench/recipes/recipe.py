@@ -36,6 +36,17 @@ OUT_FORMATS = ("bf16", "exact")
 #   style): P in [0, 256], subnormal only below 2^-14; exact to undo (a power of two).
 # "rowmax448": P * 448, so the row max lands on E4M3's largest value (448 = 1.75 * 2^8).
 P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
+# How P's E4M3 code is produced from the score s (log2 units) and the row max m:
+# "exp2": P = 2^(s - m + c) in FP32 (the special-function unit's exp2), rounded to nearest E4M3.
+# "log_linear": no exponential. The E4M3 code is linear in log2 P, code = round(8 (s - m' + c))
+#   + 56 (56: the code of 1.0; code <= 0: P = 0), with m' = ceil(8 m) / 8 (the row max on the
+#   1/8 grid, so one FMA per element gives the code exactly); between powers of two the value is
+#   linear in the exponent's fraction (up to 6% above 2^x before its 3-bit rounding; the rms of
+#   log(P / 2^x) is 0.0315 against 0.0265 for rounding 2^x), and m' shifts every P of a row by the
+#   same factor, which the row sum cancels. Needs p_scaling "exp2_offset8" (under "unit" the codes
+#   1-7 are E4M3 subnormals, not the log-linear values) and row_sum "p_operand" (the row sum must
+#   take the same P). The kernels then compute P with FP32 adds and byte moves only.
+P_EXPS = ("exp2", "log_linear")
 # The softmax denominator l (row sum of P):
 # "p_fp32": the FP32 P before its rounding to p_format (the numerator takes the rounded P);
 # "p_operand": the rounded P that P @ V takes, summed with P @ V's accumulation: numerator and
@@ -83,6 +94,7 @@ class AttentionRecipe:
     # P operand of PV.
     p_format: str = "fp8_e4m3"
     p_scaling: str = "unit"
+    p_exp: str = "exp2"  # P_EXPS
     row_sum: str = "p_fp32"  # ROW_SUMS
     # Output written by the epilogue (kernels write BF16).
     out_format: str = "bf16"
@@ -209,6 +221,8 @@ class AttentionRecipe:
             qk = self.qk_format
         v = self.v_format if not self.quantizes_v else f"{self.v_format}/{self.v_granularity}"
         p = self.p_format + (f" scaling {self.p_scaling}" if self.p_format == "fp8_e4m3" else "")
+        if self.p_exp != "exp2":
+            p += f" {self.p_exp}"
         parts = [f"QK {qk}", f"V {v}", f"P {p}", f"out {self.out_format}"]
         if self.row_sum != "p_fp32":
             parts.append(f"row sum {self.row_sum}")
@@ -340,6 +354,7 @@ def validate(r: AttentionRecipe) -> None:
     _choice(r, "v_granularity", V_GRANULARITIES)
     _choice(r, "p_format", P_FORMATS)
     _choice(r, "p_scaling", P_SCALINGS)
+    _choice(r, "p_exp", P_EXPS)
     _choice(r, "row_sum", ROW_SUMS)
     _choice(r, "out_format", OUT_FORMATS)
     _choice(r, "smoothing", SMOOTHINGS)
@@ -362,6 +377,14 @@ def validate(r: AttentionRecipe) -> None:
         raise RecipeError(
             f"recipe field 'p_scaling': {r.p_scaling!r} only applies to p_format='fp8_e4m3'"
         )
+    if r.p_exp == "log_linear":
+        need = [f"{k}={v!r} (got {getattr(r, k)!r})" for k, v in
+                (("p_format", "fp8_e4m3"), ("p_scaling", "exp2_offset8"), ("row_sum", "p_operand"))
+                if getattr(r, k) != v]
+        if need:
+            raise RecipeError("recipe field 'p_exp': 'log_linear' writes E4M3 codes of the "
+                              "scaled P that the row sum must take too; it needs "
+                              + ", ".join(need))
     for name, lo in (("qk_block", 1), ("sol_block", 1), ("vsa_tile", 1), ("accum_flush_keys", 1)):
         if getattr(r, name) < lo:
             raise RecipeError(f"recipe field {name!r}: must be >= {lo}, got {getattr(r, name)}")
