@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench.recipes import PRESETS, AttentionRecipe, get_recipe
+from workbench.recipes.recipe import LL_MEAN_RATIO
 
 from .layout import InputError, SegmentLayout, check_qkv, check_query_index, check_scale
 from .quant import (
@@ -237,10 +238,11 @@ def _attend(
     if state_l.get("inner") is not None:
         row_sum += state_l["inner"][..., 0]
     if recipe.p_exp == "log_linear":
-        # the codes are relative to the row max on the 1/8 grid, m' = ceil(8 m) / 8: rescale the
-        # state to m once, as the kernels do after their exact tiles (the summary route's
-        # weights are relative to m)
-        grid = torch.exp2(torch.ceil(8 * m) / 8 - m)
+        # the codes are relative to the row max on the 1/8 grid, m' = ceil(8 m) / 8, and
+        # LL_MEAN_RATIO times 2^x on average: rescale the state to m and divide the bias out
+        # once, as the kernels do after their exact tiles (the summary route's weights are
+        # relative to m and unbiased)
+        grid = torch.exp2(torch.ceil(8 * m) / 8 - m) / LL_MEAN_RATIO
         acc = acc * grid[..., None]
         row_sum = row_sum * grid
     if summary is not None:

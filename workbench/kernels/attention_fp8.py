@@ -74,6 +74,7 @@ import triton
 import triton.language as tl
 
 from ..attention.layout import check_scale
+from ..recipes.recipe import LL_MEAN_RATIO
 from ..recipes.recipe import ROW_SUMS  # every recipe row sum has a kernel form
 from .config import DEFAULT, AttentionConfig, SparseConfig
 from .e4m3 import interpreting, round_p_to_e4m3, round_to_bf16
@@ -82,8 +83,11 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The recipe's p_scaling -> c in P = 2^(s - m + c) (see the module docstring)
 P_LOG2_SCALES = {"unit": 0.0, "exp2_offset8": 8.0, "rowmax448": math.log2(448.0)}
-# The recipe's p_exp: P from the SFU's exp2, or its E4M3 code linear in the exponent (``_ll_p``)
+# The recipe's p_exp: P from the SFU's exp2, or its E4M3 code linear in the exponent (``_ll_p``),
+# whose mean bias the state drops after the exact tiles (recipe.LL_MEAN_RATIO)
 P_EXPS = ("exp2", "log_linear")
+LL_INV_MEAN_RATIO = tl.constexpr(1.0 / LL_MEAN_RATIO)
+LL_LOG2_MEAN_RATIO = tl.constexpr(math.log2(LL_MEAN_RATIO))
 
 
 @triton.jit
@@ -317,10 +321,12 @@ def _ll_p(x, f8, bias):
 @triton.jit
 def _ll_to_row_max(acc, l_i, m_i, qs):
     """After the exact tiles of a p_exp "log_linear" run: the state (acc, l) is relative to the
-    grid max ceil(8 m qs) / 8; rescale it to m qs, the reference of everything after it (the
-    summary route, the split parts, the LSE). acc / l is unchanged."""
+    grid max ceil(8 m qs) / 8 and its codes' mean bias; rescale it to m qs and divide the bias
+    (recipe.LL_MEAN_RATIO) out, for everything after it (the summary route, the split parts,
+    the LSE). acc / l is unchanged."""
     mq = m_i * qs
     g = tl.where(mq > float("-inf"), tl.math.exp2(tl.math.ceil(8.0 * mq) * 0.125 - mq), 1.0)
+    g = g * LL_INV_MEAN_RATIO
     return acc * g[:, None], l_i * g
 
 

@@ -35,6 +35,8 @@ Shapes: as ``attention_fp8``: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -48,7 +50,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from ..recipes.recipe import LL_MEAN_RATIO
+
 LOG2E = 1.4426950408889634
+LL_LOG2_MEAN_RATIO = gl.constexpr(math.log2(LL_MEAN_RATIO))
+LL_INV_MEAN_RATIO = gl.constexpr(1.0 / LL_MEAN_RATIO)
 
 
 @gluon.jit
@@ -146,8 +152,10 @@ def _ll_codes(x, fb, bb, a_layout: gl.constexpr, PERM_P: gl.constexpr):
 
 @gluon.jit
 def _ll_row_max(m_i, qs):
-    """The LSE's row max of a p_exp "log_linear" state: its grid max ceil(8 m qs) / 8."""
-    return gl.ceil(8.0 * (m_i * qs)) * 0.125
+    """The row max a p_exp "log_linear" state (acc, l) is relative to, in log2 units: its grid
+    max ceil(8 m qs) / 8 less log2 of the codes' mean bias (recipe.LL_MEAN_RATIO), so that the
+    LSE and a merge with FP32 weights take l as unbiased (acc / l is the same)."""
+    return gl.ceil(8.0 * (m_i * qs)) * 0.125 - LL_LOG2_MEAN_RATIO
 
 
 @gluon.jit

@@ -82,6 +82,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .attention_fp8_ws import (
     CONSUMER_REGS,
     CONSUMERS,
+    LL_INV_MEAN_RATIO,
     LOG2E,
     MAXNREG,
     _ones_product,
@@ -404,7 +405,8 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     sum took ~2,400 more cycles per consumer, H200 2026-12-02). P_LOG2_SCALE: the exact tiles'
     P scaling; the first summary tile divides the state by it with its rescale (the module
     note). P_LL (p_exp "log_linear"): the exact tiles' state is relative to their grid max
-    ceil(8 m qs) / 8, which the first summary tile's rescale takes back to m qs as well (the same
+    ceil(8 m qs) / 8 and carries the codes' mean bias (recipe.LL_MEAN_RATIO), which the first
+    summary tile's rescale takes back to m qs and divides out as well (the same
     state scaled after the exact loop instead made ptxas spill 22 instructions per exact tile in
     consumers 0 and 1, against 6)."""
     bias_smem = args[43]
@@ -418,7 +420,7 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     if P_LL:
         mq0 = m_i * qs
         grid = gl.where(mq0 > float("-inf"), gl.exp2(gl.ceil(8.0 * mq0) * 0.125 - mq0), 1.0)
-        alpha = alpha * gl.where(u == 0, grid * 2.0**-P_LOG2_SCALE, 1.0)
+        alpha = alpha * gl.where(u == 0, grid * (LL_INV_MEAN_RATIO * 2.0**-P_LOG2_SCALE), 1.0)
     elif P_LOG2_SCALE != 0.0:
         alpha = alpha * gl.where(u == 0, 2.0**-P_LOG2_SCALE, 1.0)
     p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),

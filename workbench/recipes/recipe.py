@@ -45,8 +45,17 @@ P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 #   log(P / 2^x) is 0.0315 against 0.0265 for rounding 2^x), and m' shifts every P of a row by the
 #   same factor, which the row sum cancels. Needs p_scaling "exp2_offset8" (under "unit" the codes
 #   1-7 are E4M3 subnormals, not the log-linear values) and row_sum "p_operand" (the row sum must
-#   take the same P). The kernels then compute P with FP32 adds and byte moves only.
+#   take the same P). The kernels then compute P with FP32 adds and byte moves only. The codes are
+#   LL_MEAN_RATIO times 2^x on average (the interpolation lies above 2^x), so the state of the
+#   exact tiles is divided by it: the row sum and P @ V of the dense output cancel it anyway, but
+#   Sol's summary route (FP32 weights), KV parts and the LSE would weigh the exact tiles 4% high.
 P_EXPS = ("exp2", "log_linear")
+# The mean of (log-linear code's value) / 2^x over x uniform, per 1/8 step: the code of
+# k/8 holds 2^floor(k/8) (1 + (k mod 8) / 8) for x in [k/8 - 1/16, k/8 + 1/16), so the mean is
+# (1/8) sum_j (1 + j/8) 2^(-j/8) * (2^(1/16) - 2^(-1/16)) / (ln 2 / 8) = 1.04036 (4M random x
+# with random grid offsets: 1.04034, the same for every offset).
+LL_MEAN_RATIO = (sum((1 + j / 8) * 2 ** (-j / 8) for j in range(8)) / 8
+                 * (2 ** (1 / 16) - 2 ** (-1 / 16)) * 8 / 0.6931471805599453)
 # The softmax denominator l (row sum of P):
 # "p_fp32": the FP32 P before its rounding to p_format (the numerator takes the rounded P);
 # "p_operand": the rounded P that P @ V takes, summed with P @ V's accumulation: numerator and
