@@ -395,9 +395,9 @@ def test_log_linear_p_matches_its_emulation():
     its emulation on rows whose error is mostly P's rounding (sink-dominated, 64- and 128-key
     tiles): within 1.25x of the emulation's error against float64, and the flag moves the
     kernel's output about as far as it moves the emulation's (a kernel that ignored it would not
-    move). The LSE within 5e-2: it carries the codes' mean bias, which depends on where the row
-    max sits on the 1/8 grid (between about -5% and +4% of l), the running max's in the kernel
-    and the final one's in the emulation (measured 2.3e-2 here; the output's 1 / l cancels it)."""
+    move). The LSE within 3e-2: the kernel's codes are of the running max's grid, the
+    emulation's of the final max's, and a code's error depends on where its score falls between
+    two codes (measured 2.3e-2 here, 1.6e-2 with exp2)."""
     from workbench.bench.inputs import sink_inputs
 
     q, k, v = sink_inputs(1, 256, 2, 64)
@@ -416,4 +416,4 @@ def test_log_linear_p_matches_its_emulation():
               f"; moved by the flag {moved:.3e} (emulation {moved_emu:.3e})")
         assert e_k <= 1.25 * e_e, (e_k, e_e)
         assert 0.5 * moved_emu < moved < 2 * moved_emu, (moved, moved_emu)
-        torch.testing.assert_close(lse.transpose(1, 2), emu.lse, rtol=0, atol=5e-2)
+        torch.testing.assert_close(lse.transpose(1, 2), emu.lse, rtol=0, atol=3e-2)
