@@ -417,3 +417,18 @@ def test_log_linear_p_matches_its_emulation():
         assert e_k <= 1.25 * e_e, (e_k, e_e)
         assert 0.5 * moved_emu < moved < 2 * moved_emu, (moved, moved_emu)
         torch.testing.assert_close(lse.transpose(1, 2), emu.lse, rtol=0, atol=3e-2)
+
+
+def test_log_linear_p_refused_where_its_codes_do_not_apply():
+    """The kernel wrapper refuses p_exp="log_linear" without the scaled P and the operand row
+    sum (its codes are of 2^(s - m + 8) and the row sum must take them), naming both."""
+    q, k, v = biased_qkv(S=128, D=64)
+    st = kv_stats(k, v, smooth_k=True, smooth_v=True)
+    qq = quantize_qkv(q, k, v, st.mu_k, st.mu_v, st.v_amax, smooth_k=True, smooth_v=True,
+                      v_bias_correction=True)
+    for p_scaling, row_sum in (("unit", "p_operand"), ("exp2_offset8", "p_fp32")):
+        with pytest.raises(ValueError, match="p_exp='log_linear' needs p_scaling='exp2_offset8'"):
+            fp8_attention_fwd(qq, num_heads=2, scale=0.125, p_scaling=p_scaling, row_sum=row_sum,
+                              p_exp="log_linear", config=SMALL.attention)
+    with pytest.raises(ValueError, match="p_exp: 'exp3'"):
+        fp8_attention_fwd(qq, num_heads=2, scale=0.125, p_exp="exp3", config=SMALL.attention)

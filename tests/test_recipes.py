@@ -94,3 +94,21 @@ def test_any_valid_recipe_round_trips(qk, smoothing, sparsity, tau, block, keep,
     r = AttentionRecipe(**kw)
     assert AttentionRecipe.from_json(r.to_json()) == r
     assert get_recipe(r.to_string()) == r
+
+
+def test_log_linear_p_needs_the_scaled_p_and_the_operand_row_sum():
+    """p_exp="log_linear" writes codes of the scaled P that the row sum must take: any other P
+    format, scaling or row sum is refused naming each field to set; the valid form round-trips."""
+    with pytest.raises(RecipeError) as e:
+        get_recipe("fp8_dense_kv_corrected:p_exp=log_linear")
+    assert "'p_exp'" in str(e.value) and "p_scaling='exp2_offset8'" in str(e.value)
+    assert "row_sum='p_operand'" in str(e.value) and "p_format" not in str(e.value)
+    with pytest.raises(RecipeError, match="p_format='fp8_e4m3'"):
+        get_recipe("bf16:p_exp=log_linear")
+    with pytest.raises(RecipeError, match="p_exp"):
+        get_recipe("fp8_dense:p_exp=exp3")
+    r = get_recipe("fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,"
+                   "p_exp=log_linear")
+    assert r.p_exp == "log_linear" and "log_linear" in r.describe()
+    assert get_recipe(r.to_string()) == r
+    assert AttentionRecipe.from_json(r.to_json()) == r

@@ -251,3 +251,28 @@ def test_select_heads_under_gqa_matches_full_run(heads):
     assert torch.equal(part.out, full.out[:, :, heads])
     whole_groups = heads in ([0, 1], [2, 3])
     assert ks.shape[2] == (1 if whole_groups else len(heads))
+
+
+def test_log_linear_codes_and_their_mean_bias():
+    """p_exp="log_linear"'s P (reference._log_linear_p, scaled back by 2^-8): the code
+    round(8 (s - m' + 8)) + 56 with m' = ceil(8 m) / 8, decoded as E4M3: the row max on the grid
+    gives exactly 1, half a power of two below it the straight line's 0.75 (2^-0.5 = 0.707),
+    an off-grid max shifts every code by the same fraction, far below the range gives 0; and the
+    values' mean ratio to 2^x over random scores is recipe.LL_MEAN_RATIO."""
+    from workbench.attention.reference import _log_linear_p
+    from workbench.recipes.recipe import LL_MEAN_RATIO
+
+    r = get_recipe("fp8_dense_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,"
+                   "p_exp=log_linear")
+    m = torch.tensor([0.0])
+    s = torch.tensor([[0.0, -0.5, -1.0, -20.0, -math.inf]])
+    assert _log_linear_p(s, m, r).tolist() == [[1.0, 0.75, 0.5, 0.0, 0.0]]
+    # m = 0.3: m' = 3/8, the max's code is round(8 * 0.3 - 3 + 64) + 56 = 119: 240 / 256
+    assert _log_linear_p(torch.tensor([[0.3]]), torch.tensor([0.3]), r).item() == 0.9375
+    g = torch.Generator().manual_seed(0)
+    x = -6 * torch.rand(1, 400_000, generator=g, dtype=torch.float64)
+    mm = torch.rand(1, generator=g, dtype=torch.float64)
+    p = _log_linear_p(x + mm, mm, r) * torch.exp2(torch.ceil(8 * mm) / 8 - mm)
+    ratio = float((p / torch.exp2(x)).mean())
+    assert abs(ratio - LL_MEAN_RATIO) < 1e-3, (ratio, LL_MEAN_RATIO)
+    assert abs(LL_MEAN_RATIO - 1.04036) < 1e-5

@@ -11,8 +11,10 @@ P @ V's accumulation) the row sum is P @ ones on the tensor cores: an n = 8 prod
 E4M3 registers as P @ V into a fresh [64, 8] accumulator, its ones tile built from the byte 0x38
 (a tile of FP32 1.0 converted to E4M3 was written wrongly to shared memory by triton 3.6,
 ``scripts/gpu_small_n_mma_probe.py``); the Triton kernel adds the rounded P in FP32 instead, so
-the two differ by the MMA's truncation (LSEs 1.1e-4 apart at most in the GPU test). What
-differs is the schedule:
+the two differ by the MMA's truncation (LSEs 1.1e-4 apart at most in the GPU test). With the
+recipe's ``p_exp="log_linear"`` P's E4M3 codes come from one FMA, a max and byte permutes per
+element (``_ll_codes``; the twin ``attention_fp8._ll_p``), no exponential. What differs is the
+schedule:
 - a CTA holds N_CONS = 3 x 64 query rows of one head; one producer warp loads each K / V tile once
   by TMA into a ring of STAGES shared-memory slots (mbarriers "ready" / "empty"), so the consumers
   issue no TMA loads, address arithmetic or barrier bookkeeping of their own beyond two waits and

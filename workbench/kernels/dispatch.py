@@ -81,8 +81,6 @@ def unsupported_reason(q, k, v, recipe: AttentionRecipe) -> str | None:
         return "VSA needs vsa_tile = 64 (one routing block per K scale block)"
     if r.accumulation != "fp32":
         return "only the fp32 accumulation recipe (kernel flushes the FP8 accumulator per tile)"
-    if r.p_exp != "exp2" and is_bf16_sparse(r):
-        return f"p_exp {r.p_exp!r}: the FP8 kernels only (BF16 sparse loops take the FP32 exp2)"
     if r.row_sum != "p_fp32" and is_bf16_sparse(r):
         return f"row_sum {r.row_sum!r}: the FP8 kernels only (BF16 sparse loops sum FP32 P)"
     if q.dim() != 4 or k.shape != v.shape or k.shape[1] != q.shape[1] or k.dim() != 4 \
