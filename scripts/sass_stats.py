@@ -5,7 +5,8 @@ made of it: registers, shared memory, spills and the instruction mix of the SASS
 
 Each argument is a JSON object of overrides of the default ``AttentionConfig`` (block_m, block_n,
 num_warps, num_stages, maxnreg, use_tma, flush, max_imprecise), plus ``p_scaling`` (the recipe's P
-scaling, default "unit") and ``perm_p`` (V^T in P's register order; default
+scaling, default "unit"), ``row_sum``, ``p_exp`` (the recipe's row sum and P from its exponent)
+and ``perm_p`` (V^T in P's register order; default
 ``QuantConfig.v_perm``), ``bf16`` (BF16 operands: the sparse recipes' BF16 baselines).
 ``"schedule": "warp_specialized"`` (with ``num_stages``; ``row_sum``: "p_operand" for P @ ones on
 the tensor cores) compiles the dense Gluon kernel (``attention_fp8_ws``) instead, with
@@ -212,7 +213,8 @@ def compile_sm90(overrides: dict):
         return compile_ws(overrides, ints)
     if not overrides.get("sparse"):  # "schedule": "programs": AttentionConfig's, this kernel
         overrides = {k: v for k, v in overrides.items() if k != "schedule"}
-    extra = {k: overrides[k] for k in ("p_scaling", "perm_p", "bf16") if k in overrides}
+    extra = {k: overrides[k] for k in ("p_scaling", "perm_p", "bf16", "row_sum", "p_exp")
+             if k in overrides}
     sp = {k: overrides[k] for k in SPARSE_KEYS if k in overrides}
     cfg = dataclasses.replace(DEFAULT.attention, **{k: v for k, v in overrides.items()
                                                     if k not in extra and k not in sp})
@@ -256,7 +258,9 @@ def compile_sm90(overrides: dict):
                SPARSE=sparse, SUMMARY=summary_only,
                WORK_LIST=work_list, KV_SPLITS=1, SUM_CHUNK=scfg.summary_chunk,
                SUM_PREC=scfg.summary_precision, SUMMARY_ONLY=summary_only,
-               INIT_SUMMARY=init_summary)
+               INIT_SUMMARY=init_summary,
+               ROW_SUM_P=extra.get("row_sum", "p_fp32") == "p_operand",
+               P_LL=extra.get("p_exp", "exp2") == "log_linear")
     cst.update({n: None for n, t in zip(names, types) if t == "constexpr"})
     attrs = launch_specialization(KERNEL, sig, cst, ints)
     src = ASTSource(fn=KERNEL, signature=sig,

@@ -259,3 +259,44 @@ def test_ws_lists_row_sum_on_the_tensor_cores(name, ws_calls):
           f"out rel-L2 {rel_l2(b[:, rows], a[:, rows]):.3e}")
     assert d_ab <= 4e-3 and d_ab < 0.5 * d_ac, (d_ab, d_ac)
     assert rel_l2(b[:, rows], a[:, rows]) < 5e-4
+
+
+LL = "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,p_exp=log_linear"
+
+
+@pytest.mark.parametrize("name", [LL, LL + ",sparsity=vsa,vsa_keep=0.2"])
+def test_ws_lists_log_linear_lse(name, ws_calls):
+    """p_exp="log_linear" in the list kernel: its LSE carries the exact tiles' state as the
+    programs kernel's does (grid max and the codes' mean bias divided out: a missed or doubled
+    division moves it by log 1.04036 = 0.040), with Sol's summary pass merged (INIT_SUMMARY)
+    and for VSA (the grid max at the store): within 4e-3 of the programs kernel's (the row sums'
+    MMA truncation, as for the exp2 codes), outputs within 5e-4. Sol's summary tiles (the first
+    tile's rescale divides the bias out): the LSE's mean distance to the exp2 codes' under 1e-2.
+    (Written after the last GPU run of 2026-12-03: not yet run on a GPU.)"""
+    from workbench.kernels.attention_fp8 import fp8_attention_fwd
+    from workbench.kernels.config import SparseConfig
+
+    H = 4
+    q, layout, rec, route, qkv = list_operands(name, 4111, H, 2)
+
+    def run(schedule, summary, p_exp=rec.p_exp):
+        sp = SparseConfig(kv_splits=1, schedule=schedule, summary_kernel=summary)
+        return fp8_attention_fwd(qkv, num_heads=H, scale=128**-0.5, routing=route, sparse=sp,
+                                 return_lse=True, row_start=layout.prefix_len,
+                                 out=torch.full_like(q, 7.0), p_scaling=rec.p_scaling,
+                                 row_sum=rec.row_sum, p_exp=p_exp)
+
+    rows = slice(layout.prefix_len, None)
+    a, lse_a = run("rows", "gluon")
+    b, lse_b = run("warp_specialized", "gluon")
+    assert ws_calls["lists"] == 1 and b.isfinite().all()
+    d_ab = float((lse_b - lse_a)[..., rows].abs().max())
+    print(f"GPU ws lists log-linear {name}: LSE vs programs {d_ab:.3e}, out rel-L2 "
+          f"{rel_l2(b[:, rows], a[:, rows]):.3e}")
+    assert d_ab <= 4e-3 and rel_l2(b[:, rows], a[:, rows]) < 5e-4
+    if rec.sparsity == "sol":
+        _, lse_t = run("warp_specialized", "fp8_tiles")
+        _, lse_x = run("warp_specialized", "fp8_tiles", "exp2")
+        d_tx = float((lse_t - lse_x)[..., rows].abs().mean())
+        print(f"  summary tiles: LSE mean |log-linear - exp2| {d_tx:.3e}")
+        assert d_tx < 1e-2

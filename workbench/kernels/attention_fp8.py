@@ -325,8 +325,9 @@ def _ll_to_row_max(acc, l_i, m_i, qs):
     (recipe.LL_MEAN_RATIO) out, for everything after it (the summary route, the split parts,
     the LSE). acc / l is unchanged."""
     mq = m_i * qs
-    g = tl.where(mq > float("-inf"), tl.math.exp2(tl.math.ceil(8.0 * mq) * 0.125 - mq), 1.0)
-    g = g * LL_INV_MEAN_RATIO
+    # a part without tiles (KV splits) keeps m = -inf: exp2 of 0 there, not of -inf + inf
+    mq0 = tl.where(mq > float("-inf"), mq, 0.0)
+    g = tl.math.exp2(tl.math.ceil(8.0 * mq0) * 0.125 - mq0) * LL_INV_MEAN_RATIO
     return acc * g[:, None], l_i * g
 
 

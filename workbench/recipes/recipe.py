@@ -41,8 +41,9 @@ P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 # "log_linear": no exponential. The E4M3 code is linear in log2 P, code = round(8 (s - m' + c))
 #   + 56 (56: the code of 1.0; code <= 0: P = 0), with m' = ceil(8 m) / 8 (the row max on the
 #   1/8 grid, so one FMA per element gives the code exactly); between powers of two the value is
-#   linear in the exponent's fraction (up to 6% above 2^x before its 3-bit rounding; the rms of
-#   log(P / 2^x) is 0.0315 against 0.0265 for rounding 2^x), and m' shifts every P of a row by the
+#   linear in the exponent's fraction (up to 6% above 2^x before its 3-bit rounding; the standard
+#   deviation of log(P / 2^x) is 0.0315 against 0.0265 for rounding 2^x; its rms, 0.0502, holds
+#   the mean bias, divided out below), and m' shifts every P of a row by the
 #   same factor, which the row sum cancels. Needs p_scaling "exp2_offset8" (under "unit" the codes
 #   1-7 are E4M3 subnormals, not the log-linear values) and row_sum "p_operand" (the row sum must
 #   take the same P). The kernels then compute P with FP32 adds and byte moves only. The codes are
