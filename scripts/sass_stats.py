@@ -132,7 +132,7 @@ def _ws_constexprs(overrides: dict) -> dict:
                 OUT_F32=False)
 
 
-def _ws_row_sum_constexprs(overrides: dict) -> dict:
+def _ws_p_constexprs(overrides: dict) -> dict:
     """``row_sum`` "p_operand" = P @ ones on the tensor cores (both warp-specialized kernels);
     ``p_exp`` "log_linear": P's codes without an exponential."""
     return dict(ROW_SUM_MMA=overrides.get("row_sum", "p_fp32") == "p_operand",
@@ -149,7 +149,7 @@ def compile_ws(overrides: dict, ints: dict):
                                                     if k not in ("p_scaling", "perm_p",
                                                                  "row_sum", "p_exp")})
     cst = dict(_ws_constexprs({**overrides, "num_stages": cfg.num_stages}), N_CONS=CONSUMERS,
-               **_ws_row_sum_constexprs(overrides))
+               **_ws_p_constexprs(overrides))
     kernel = _compile_gluon(ws, _ws_types(128, 128), cst, ints)
     return kernel, dataclasses.replace(cfg, maxnreg=MAXNREG)
 
@@ -180,7 +180,7 @@ def compile_ws_lists(overrides: dict, ints: dict):
         types += ["constexpr"] * 4
     types += ["fp32"]  # LAST_LOG2
     cst = dict(_ws_constexprs(overrides), INIT_SUMMARY=merge, SUM_TILES=tiles,
-               **_ws_row_sum_constexprs(overrides))
+               **_ws_p_constexprs(overrides))
     kernel = _compile_gluon(ws, types, cst, ints)
     return kernel, dataclasses.replace(DEFAULT.attention, maxnreg=MAXNREG)
 

@@ -262,17 +262,15 @@ def test_log_linear_codes_and_their_mean_bias():
     from workbench.attention.reference import _log_linear_p
     from workbench.recipes.recipe import LL_MEAN_RATIO
 
-    r = get_recipe("fp8_dense_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,"
-                   "p_exp=log_linear")
     m = torch.tensor([0.0])
     s = torch.tensor([[0.0, -0.5, -1.0, -20.0, -math.inf]])
-    assert _log_linear_p(s, m, r).tolist() == [[1.0, 0.75, 0.5, 0.0, 0.0]]
+    assert _log_linear_p(s, m).tolist() == [[1.0, 0.75, 0.5, 0.0, 0.0]]
     # m = 0.3: m' = 3/8, the max's code is round(8 * 0.3 - 3 + 64) + 56 = 119: 240 / 256
-    assert _log_linear_p(torch.tensor([[0.3]]), torch.tensor([0.3]), r).item() == 0.9375
+    assert _log_linear_p(torch.tensor([[0.3]]), torch.tensor([0.3])).item() == 0.9375
     g = torch.Generator().manual_seed(0)
     x = -6 * torch.rand(1, 400_000, generator=g, dtype=torch.float64)
     mm = torch.rand(1, generator=g, dtype=torch.float64)
-    p = _log_linear_p(x + mm, mm, r) * torch.exp2(torch.ceil(8 * mm) / 8 - mm)
+    p = _log_linear_p(x + mm, mm) * torch.exp2(torch.ceil(8 * mm) / 8 - mm)
     ratio = float((p / torch.exp2(x)).mean())
     assert abs(ratio - LL_MEAN_RATIO) < 1e-3, (ratio, LL_MEAN_RATIO)
     assert abs(LL_MEAN_RATIO - 1.04036) < 1e-5

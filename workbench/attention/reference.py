@@ -102,7 +102,7 @@ def _quantize_p(p: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
     return round_to_e4m3(p)
 
 
-def _log_linear_p(s: torch.Tensor, m: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
+def _log_linear_p(s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """P of ``p_exp="log_linear"`` (recipe.py), scaled back by 2^-c like ``_quantize_p``, relative
     to the grid max m' = ceil(8 m) / 8 (``_attend`` rescales the state to m afterwards).
 
@@ -222,10 +222,11 @@ def _attend(
     for s0 in range(0, S, key_chunk):
         s1 = min(S, s0 + key_chunk)
         s = cache.pop(s0) if cache_ok else scores(s0, s1)
-        p = torch.exp2(s - m[..., None])
-        if recipe.p_exp == "log_linear":
-            pq = _log_linear_p(s, m, recipe).to(dt)
+        if recipe.p_exp == "log_linear":  # (its row sum is the codes': no FP32 P needed)
+            p = None
+            pq = _log_linear_p(s, m).to(dt)
         else:
+            p = torch.exp2(s - m[..., None])
             pq = _quantize_p(p, recipe).to(dt)
         if recipe.row_sum == "p_operand":
             ones = torch.ones((s1 - s0, 1), device=qs.device, dtype=dt)

@@ -75,7 +75,7 @@ import triton.language as tl
 
 from ..attention.layout import check_scale
 from ..recipes.recipe import LL_MEAN_RATIO
-from ..recipes.recipe import ROW_SUMS  # every recipe row sum has a kernel form
+from ..recipes.recipe import P_EXPS, ROW_SUMS  # every recipe row sum and P_EXP has a kernel form
 from .config import DEFAULT, AttentionConfig, SparseConfig
 from .e4m3 import interpreting, round_p_to_e4m3, round_to_bf16
 
@@ -83,9 +83,8 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The recipe's p_scaling -> c in P = 2^(s - m + c) (see the module docstring)
 P_LOG2_SCALES = {"unit": 0.0, "exp2_offset8": 8.0, "rowmax448": math.log2(448.0)}
-# The recipe's p_exp: P from the SFU's exp2, or its E4M3 code linear in the exponent (``_ll_p``),
-# whose mean bias the state drops after the exact tiles (recipe.LL_MEAN_RATIO)
-P_EXPS = ("exp2", "log_linear")
+# The recipe's p_exp "log_linear" (``_ll_p``): the codes' mean bias, which the state drops after
+# the exact tiles (recipe.LL_MEAN_RATIO), as a factor and in log2 units (also the Gluon kernels')
 LL_INV_MEAN_RATIO = tl.constexpr(1.0 / LL_MEAN_RATIO)
 LL_LOG2_MEAN_RATIO = tl.constexpr(math.log2(LL_MEAN_RATIO))
 

@@ -37,8 +37,6 @@ Shapes: as ``attention_fp8``: Q8 [B, H, S_pad, D], K8 [B, Hkv, S_pad, D], V8t [B
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -52,11 +50,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ..recipes.recipe import LL_MEAN_RATIO
+from .attention_fp8 import LL_LOG2_MEAN_RATIO
 
 LOG2E = 1.4426950408889634
-LL_LOG2_MEAN_RATIO = gl.constexpr(math.log2(LL_MEAN_RATIO))
-LL_INV_MEAN_RATIO = gl.constexpr(1.0 / LL_MEAN_RATIO)
 
 
 @gluon.jit

@@ -79,10 +79,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .attention_fp8 import LL_INV_MEAN_RATIO
 from .attention_fp8_ws import (
     CONSUMER_REGS,
     CONSUMERS,
-    LL_INV_MEAN_RATIO,
     LOG2E,
     MAXNREG,
     _ones_product,
