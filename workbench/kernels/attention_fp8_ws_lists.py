@@ -36,7 +36,12 @@ weight times 64 rows in FP32 (the sequence's last block of n rows: its weight ca
 through its score bias and its vc8 column is its sum times 64 / n, so no tile is special).
 With ``row_sum="p_operand"`` the exact tiles' row sum is P @ ones on the tensor cores, one n = 8
 product per 64-key half (``_pv_flush``, as the dense kernel's); the summary tiles keep their FP32
-sum of the weights, as the twin's summary route does. With a scaled P (``exp2_offset8``: the
+sum of the weights, as the twin's summary route does, except with ``p_exp="log_linear"``, where
+their weights are P's codes as well and their row sum P @ ones (``_sum_tile``; offline for sm_90a
+their loop 505-509 SASS instructions against 542-549 with the exponentials, the exact tiles'
+spills 4 per tile in consumers 1 and 2 against 10; on the H200 the full calls 0.2-1.0% faster at
+four of five Sol densities, one 0.2% slower, all within the rounds' spread, at the same error:
+BENCHMARKS.md, 2026-12-03). With a scaled P (``exp2_offset8``: the
 exact tiles' P is 2^(s - m + 8)) the first summary tile divides the state (acc, l) by that
 factor with its rescale, exactly (a power of two), and the summary tiles and the epilogue run
 as for the unit P (the same acc / l; the LSE is not offset again). Offline, as the H3 launch
@@ -79,7 +84,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .attention_fp8 import LL_INV_MEAN_RATIO
 from .attention_fp8_ws import (
     CONSUMER_REGS,
     CONSUMERS,
@@ -394,9 +398,10 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
 
 @gluon.jit
 def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.constexpr,
-              PERM_P: gl.constexpr, P_LOG2_SCALE: gl.constexpr, P_LL: gl.constexpr = False):
+              PERM_P: gl.constexpr, P_LOG2_SCALE: gl.constexpr, P_LL: gl.constexpr = False,
+              ones=None):
     """Summary tile u (running tile t) of consumer c: key blocks 128 u .. 128 u + 127 by their
-    E4M3 mean keys kc8 (one scale skc per head) and value sums vc8 = vc / (256 s_v); the
+    E4M3 mean keys kc8 (one scale per head) and value sums vc8 = vc / (256 s_v); the
     producer put the tile's score bias in shared memory (-inf for an exact block and past the
     sequence, log2(n / 64) / (qs skc) for the sequence's last block of n rows, else 0). P =
     2^(s - m + 8) = 256 w in E4M3 for the product with vc8; the row sum adds w times 64 rows
@@ -404,11 +409,13 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     no tile of the loop is special; a peeled last tile that scaled its block's share of the row
     sum took ~2,400 more cycles per consumer, H200 2026-12-02). P_LOG2_SCALE: the exact tiles'
     P scaling; the first summary tile divides the state by it with its rescale (the module
-    note). P_LL (p_exp "log_linear"): the exact tiles' state is relative to their grid max
-    ceil(8 m qs) / 8 and carries the codes' mean bias (recipe.LL_MEAN_RATIO), which the first
-    summary tile's rescale takes back to m qs and divides out as well (offline for sm_90a:
-    10 spill instructions per exact tile in consumers 0 and 1, the exp2 tiles 4; the same state
-    scaled after the exact loop instead: 22)."""
+    note). P_LL (p_exp "log_linear"): the summary weights are P's codes as in the exact tiles
+    (``_ll_codes``: no exponential, relative to the grid max ceil(8 m qs) / 8) and their row
+    sum is P @ ones (ones: the exact tiles' tile; l_i [64, 8], kept 4x, so that each block's
+    64 rows / 256 need no multiply per tile: the consumer scales l_i by 4 before the first
+    summary tile and back after the last), so both routes carry the codes' mean bias
+    (recipe.LL_MEAN_RATIO) and their grid max: the rescale from tile to tile is the exact
+    tiles' and the LSE takes the grid max less the bias (``_ll_row_max``)."""
     bias_smem = args[43]
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     raw, slot = _qk_scores(t, q, c, args, mma)
@@ -416,18 +423,24 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     # the consumers spilled again and the list kernel ran 4-6% slower (H200, 2026-12-02)
     raw = raw + bias_smem.index(slot).load(cols)[None, :]
     m_cand = gl.maximum(m_i, gl.max(raw, axis=1) * skc)
-    mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
     if P_LL:
-        mq0 = m_i * qs
-        grid = gl.where(mq0 > float("-inf"), gl.exp2(gl.ceil(8.0 * mq0) * 0.125 - mq0), 1.0)
-        alpha = alpha * gl.where(u == 0, grid * (LL_INV_MEAN_RATIO * 2.0**-P_LOG2_SCALE), 1.0)
-    elif P_LOG2_SCALE != 0.0:
+        bias, alpha = _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
         alpha = alpha * gl.where(u == 0, 2.0**-P_LOG2_SCALE, 1.0)
-    p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),
-                       -gl.broadcast((mq - 8.0)[:, None], raw)[0]))
-    ls = gl.sum(p, axis=1)
-    l_i = l_i * alpha + ls * 0.25  # 64 rows per block / 256
-    acc, l_i = _pv_flush(p, alpha, acc, l_i, slot, args, mma, PERM_P)
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+        r0, r1 = _halves(raw)
+        b0, b1 = _halves(gl.broadcast(bias[:, None], raw)[0])
+        f = gl.full([64, 64], 8.0 * (qs * skc), gl.float32, r0.type.layout)
+        ops = (_ll_codes(r0, f, b0, a_layout, PERM_P), _ll_codes(r1, f, b1, a_layout, PERM_P))
+        acc, l_i = _pv_flush(None, alpha, acc, l_i, slot, args, mma, PERM_P, ones, ops)
+    else:
+        mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
+        if P_LOG2_SCALE != 0.0:
+            alpha = alpha * gl.where(u == 0, 2.0**-P_LOG2_SCALE, 1.0)
+        p = gl.exp2(gl.fma(raw, gl.full([64, 128], qs * skc, gl.float32, mma),
+                           -gl.broadcast((mq - 8.0)[:, None], raw)[0]))
+        ls = gl.sum(p, axis=1)
+        l_i = l_i * alpha + ls * 0.25  # 64 rows per block / 256
+        acc, l_i = _pv_flush(p, alpha, acc, l_i, slot, args, mma, PERM_P)
     return acc, l_i, m_cand
 
 
@@ -479,15 +492,20 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
         if n_full < n_all:
             acc, l_i, m_i = _tile_halves(n_full, True, acc, l_i, m_i, q, qs, blocks, cnt, c,
                                          args, mma, P_LOG2_SCALE, PERM_P, ones, P_LL)
-        if ROW_SUM_MMA:  # every column holds the row sum
+        SUM_LL: gl.constexpr = SUM_TILES and P_LL  # the summary tiles' codes (``_sum_tile``)
+        if ROW_SUM_MMA and not SUM_LL:  # every column holds the row sum
             l_i = gl.convert_layout(gl.max(l_i, axis=1), rows, assert_trivial=True)
         P_EPILOGUE: gl.constexpr = 0.0 if SUM_TILES else P_LOG2_SCALE
         if SUM_TILES:  # Sol's summary tiles after the exact ones (m_i is finite by then)
             n_sum = gl.cdiv(args[31], 128)
             skc = gl.load(args[41] + args[19])
+            if SUM_LL:
+                l_i = l_i * 4.0  # each block's P @ ones counts 64 rows / 256 (``_sum_tile``)
             for u in range(n_sum):
                 acc, l_i, m_i = _sum_tile(u, n_all + u, acc, l_i, m_i, q, qs, skc, c, args, mma,
-                                          PERM_P, P_LOG2_SCALE, P_LL)
+                                          PERM_P, P_LOG2_SCALE, P_LL, ones)
+            if SUM_LL:
+                l_i = gl.convert_layout(gl.max(l_i, axis=1), rows, assert_trivial=True) * 0.25
         r0 = qb * 64
         if INIT_SUMMARY:
             # Sol's summary-pass state, merged after the exact tiles (row maxes in log2 units),
@@ -504,8 +522,8 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
                 * a_s[:, None]
             l_i = l_i * a_x + gl.load(SUM_ML + N_BH * S_pad + srow) * a_s
             m_i = mm / qs
-        if P_LL and not SUM_TILES and not INIT_SUMMARY:  # VSA: the grid max (acc / l is the
-            mlog = _ll_row_max(m_i, qs)  # same; the LSE takes the codes' reference)
+        if P_LL and not INIT_SUMMARY:  # VSA and Sol's summary tiles: the grid max (acc / l
+            mlog = _ll_row_max(m_i, qs)  # is the same; the LSE takes the codes' reference)
         else:
             mlog = m_i * qs
         _store_rows(acc, l_i, mlog, r0, args, mma, P_EPILOGUE, WRITE_LSE, OUT_F32)
