@@ -12,6 +12,7 @@ from workbench.recipes.recipe import QK_FORMATS, SMOOTHINGS, SPARSITIES
 REQUIRED = [
     "bf16", "fp8_dense", "fp8_dense_kv_corrected", "fp8_sol_unsmoothed", "fp8_sol_k",
     "fp8_sol_kv_corrected", "int8_qk_fp8_pv", "fp8_hadamard", "vsa_bf16",
+    "fp8_dense_kv_loglinear", "fp8_sol_kv_loglinear",
 ]
 
 
@@ -32,6 +33,20 @@ def test_round_trips(name):
     assert AttentionRecipe.from_json(r.to_json()) == r
     assert get_recipe(r.to_json()) == r
     assert json.loads(r.to_json())["name"] == name
+
+
+def test_log_linear_presets_are_the_measured_override_forms():
+    """The two fast presets hold the numerics BENCHMARKS.md measured under override strings (the
+    seed presets themselves stay as they were), and the Sol one keeps the seed's dense policy."""
+    ll = "p_scaling=exp2_offset8,row_sum=p_operand,p_exp=log_linear"
+    dense = get_recipe(f"fp8_dense_kv_corrected:{ll}")
+    sol = get_recipe(f"fp8_sol_kv_corrected:{ll},dense_prefix=false,prefix_blocks_exact=true")
+    assert PRESETS["fp8_dense_kv_loglinear"].numerics_key() == dense.numerics_key()
+    assert PRESETS["fp8_sol_kv_loglinear"].numerics_key() == sol.numerics_key()
+    fast, seed = PRESETS["fp8_sol_kv_loglinear"], PRESETS["fp8_sol_kv_corrected"]
+    assert (fast.dense_steps, fast.dense_layers, fast.sol_tau) == (
+        seed.dense_steps, seed.dense_layers, seed.sol_tau)
+    assert (seed.p_exp, seed.row_sum, seed.p_scaling) == ("exp2", "p_fp32", "unit")
 
 
 def test_overrides_parse_and_print():

@@ -423,6 +423,8 @@ _BF16 = dict(
     qk_format="bf16", v_format="bf16", p_format="bf16", smoothing="none", v_bias_correction=False
 )
 _FP8_SOL = dict(sparsity="sol", dense_prefix=True, dense_steps=10, dense_layers=2)
+# the fast forms' P: scaled by 2^8, summed as P @ V's operand, its E4M3 codes without exp2
+_LOG_LINEAR_P = dict(p_scaling="exp2_offset8", row_sum="p_operand", p_exp="log_linear")
 
 PRESETS: dict[str, AttentionRecipe] = {
     r.name: r
@@ -465,6 +467,22 @@ PRESETS: dict[str, AttentionRecipe] = {
             name="fp8_sol_kv_corrected",
             **_FP8_SOL,
             notes="The seed PR: FP8 Sol with K/V smoothing, V-bias correction, BF16 prefix rows.",
+        ),
+        AttentionRecipe(
+            name="fp8_dense_kv_loglinear",
+            **_LOG_LINEAR_P,
+            notes="fp8_dense_kv_corrected with P = 2^(s - m + 8), the row sum of the E4M3 P and "
+                  "P's codes written without an exponential: the fastest dense form at the "
+                  "preset's accuracy (BENCHMARKS.md).",
+        ),
+        AttentionRecipe(
+            name="fp8_sol_kv_loglinear",
+            **{**_FP8_SOL, "dense_prefix": False},
+            prefix_blocks_exact=True,
+            **_LOG_LINEAR_P,
+            notes="fp8_sol_kv_corrected with the prefix query blocks exact in FP8 instead of "
+                  "BF16 rows and P's codes as in fp8_dense_kv_loglinear: the fastest Sol form "
+                  "at least as accurate as NVIDIA's Sol kernel (BENCHMARKS.md).",
         ),
         AttentionRecipe(
             name="int8_qk_fp8_pv",
