@@ -167,6 +167,15 @@ def test_gpu_kernels_script_refuses_bad_configs():
     assert p.returncode == 2 and "section 'attention'" in p.stderr and "warps" in p.stderr
 
 
+def test_gpu_lists_ab_refuses_a_missing_module_and_a_dense_recipe(tmp_path):
+    """scripts/gpu_lists_ab.py names its bad input before it touches the GPU."""
+    p = script("scripts/gpu_lists_ab.py", "--other", str(tmp_path / "nope.py"))
+    assert p.returncode == 1 and "nope.py is not a file" in p.stderr, p.stderr
+    p = script("scripts/gpu_lists_ab.py", "--other", "workbench/kernels/attention_fp8_ws_lists.py",
+               "--recipe", "fp8_dense_kv_corrected")
+    assert p.returncode == 1 and "is not a Sol recipe" in p.stderr, p.stderr
+
+
 def test_gpu_scripts_import_nothing_the_gpu_machine_lacks():
     """Import the bench library, the kernels and both GPU scripts with zarr, plotly, xarray,
     numcodecs, dask and Jupyter made unimportable (as on the GPU machine)."""

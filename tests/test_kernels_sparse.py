@@ -402,11 +402,11 @@ hopper = pytest.mark.skipif(
     ((4111, 4, 4, 128), "fp8_sol_kv_corrected:sparsity=vsa,vsa_keep=0.2",
      SparseConfig(schedule="warp_specialized", kv_splits=1)),
     # Sol's summary route as E4M3 tiles of that kernel: one tile with a short last block, two
-    # tiles ending on a full one (8192 = 128 blocks of 64), a denser route; with a scaled P (the
-    # first summary tile divides the exact tiles' state by 2^8)
+    # tiles ending on a full one (8320 = 130 blocks of 64; 8192, 128 blocks, is one tile), a
+    # denser route; with a scaled P (the first summary tile divides the exact tiles' state by 2^8)
     ((4111, 4, 2, 128), "fp8_sol_kv_corrected",
      SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
-    ((8192, 2, 2, 128), "fp8_sol_kv_corrected",
+    ((8320, 2, 2, 128), "fp8_sol_kv_corrected",
      SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
     ((8192, 2, 1, 128), "fp8_sol_kv_corrected:sol_threshold=diag,sol_tau=0.3",
      SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
@@ -428,6 +428,7 @@ hopper = pytest.mark.skipif(
     # summary tiles and with the summary pass, VSA, the prefix blocks on the dense kernel, the
     # programs kernel in two KV parts
     ((4111, 4, 2, 128), LL, SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
+    ((8300, 2, 2, 128), LL, SparseConfig(kv_splits=1, summary_kernel="fp8_tiles")),
     ((4111, 4, 2, 128), LL, SparseConfig(kv_splits=1, schedule="warp_specialized",
                                          summary_kernel="gluon")),
     ((4111, 4, 4, 128), LL + ",sparsity=vsa,vsa_keep=0.2",

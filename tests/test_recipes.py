@@ -46,7 +46,8 @@ def test_log_linear_presets_are_the_measured_override_forms():
     fast, seed = PRESETS["fp8_sol_kv_loglinear"], PRESETS["fp8_sol_kv_corrected"]
     assert (fast.dense_steps, fast.dense_layers, fast.sol_tau) == (
         seed.dense_steps, seed.dense_layers, seed.sol_tau)
-    assert (seed.p_exp, seed.row_sum, seed.p_scaling) == ("exp2", "p_fp32", "unit")
+    for seed in (seed, PRESETS["fp8_dense_kv_corrected"]):
+        assert (seed.p_exp, seed.row_sum, seed.p_scaling) == ("exp2", "p_fp32", "unit")
 
 
 def test_overrides_parse_and_print():

@@ -83,8 +83,9 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 # The recipe's p_scaling -> c in P = 2^(s - m + c) (see the module docstring)
 P_LOG2_SCALES = {"unit": 0.0, "exp2_offset8": 8.0, "rowmax448": math.log2(448.0)}
-# The recipe's p_exp "log_linear" (``_ll_p``): the codes' mean bias, which the state drops after
-# the exact tiles (recipe.LL_MEAN_RATIO), as a factor and in log2 units (also the Gluon kernels')
+# The recipe's p_exp "log_linear" (``_ll_p``): the codes' mean bias (recipe.LL_MEAN_RATIO), which
+# this kernel's state drops after the exact tiles, as a factor; in log2 units it is what the Gluon
+# kernels' LSE takes out (their state keeps the bias: ``attention_fp8_ws._ll_row_max``)
 LL_INV_MEAN_RATIO = tl.constexpr(1.0 / LL_MEAN_RATIO)
 LL_LOG2_MEAN_RATIO = tl.constexpr(math.log2(LL_MEAN_RATIO))
 

@@ -375,6 +375,9 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
     mx1 = gl.max(gl.where(half0, float("-inf"), raw), axis=1)
     m_cand = gl.maximum(m_i, gl.maximum(mx0 * s0, mx1 * s1))
     if P_LL:
+        # the codes' P = 2^(s - m' + 8) = 256 w is what vc8 = vc / (256 s_v) and the 64 / 256
+        # of the row sum expect: P_LOG2_SCALE is 8 here (the launcher refuses any other)
+        gl.static_assert(P_LOG2_SCALE == 8.0)
         bias, alpha = _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
         a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
         r0, r1 = _halves(raw)
@@ -459,7 +462,9 @@ def _consumer(args, c: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.cons
     """Consumer c: the query block of entry pid_q0 + c of the head's ORDER (nothing past the
     last entry, nor for a block of dense-prefix rows: ``_row_list``). ROW_SUM_MMA: the exact
     tiles' row sum as P @ ones (l_i [64, 8] until the last exact tile; Sol's summary tiles and
-    the summary-pass merge keep FP32 sums, as the emulation's summary route)."""
+    the summary-pass merge keep FP32 sums, as the emulation's summary route, except the summary
+    tiles with P_LL, whose codes are summed as P @ ones too: l_i [64, 8] until the last of
+    them, ``_sum_tile``)."""
     (q_smem, q_bar, SQ, S_pad, n_scale, bh, qk_scale_log2, N_BH, SUM_O, SUM_ML) = (
         args[3], args[6], args[9], args[16], args[17], args[18], args[23], args[33], args[34],
         args[35])

@@ -50,6 +50,8 @@ P_SCALINGS = ("unit", "exp2_offset8", "rowmax448")
 #   LL_MEAN_RATIO times 2^x on average (the interpolation lies above 2^x), so the state of the
 #   exact tiles is divided by it: the row sum and P @ V of the dense output cancel it anyway, but
 #   Sol's summary route (FP32 weights), KV parts and the LSE would weigh the exact tiles 4% high.
+#   (The warp-specialized list kernel's Sol summary tiles write codes as well, so there both
+#   routes carry the bias and only the LSE takes it out.)
 P_EXPS = ("exp2", "log_linear")
 # The mean of (log-linear code's value) / 2^x over x uniform, per 1/8 step: the code of
 # k/8 holds 2^floor(k/8) (1 + (k mod 8) / 8) for x in [k/8 - 1/16, k/8 + 1/16), so the mean is
@@ -64,7 +66,8 @@ LL_MEAN_RATIO = (sum((1 + j / 8) * 2 ** (-j / 8) for j in range(8)) / 8
 #   an unsmoothed V bias; with smoothed V it needs a scaled P, or the P values that round to zero
 #   lose their mass). FP8 kernels: P @ ones on the tensor cores (warp-specialized, dense and
 #   sparse exact tiles), FP32 adds of the rounded P (programs kernel); Sol's summary route keeps
-#   its FP32 sum of the block weights.
+#   its FP32 sum of the block weights (but for the list kernel's summary tiles with p_exp
+#   "log_linear", whose codes are summed as P @ ones too).
 ROW_SUMS = ("p_fp32", "p_operand")
 SMOOTHINGS = ("none", "k", "kv")
 ACCUMULATIONS = ("fp32", "reduced")
