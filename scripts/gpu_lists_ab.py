@@ -2,15 +2,17 @@
 
     git show REV:workbench/kernels/attention_fp8_ws_lists.py > /tmp/lists_rev.py
     python3 scripts/gpu_lists_ab.py --other /tmp/lists_rev.py [--taus 1.247 0.8009 ...]
-        [--recipe fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,p_exp=log_linear]
+        [--recipe "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,\
+p_exp=log_linear,dense_prefix=false"]
         [--rounds 5] [--rep-ms 150] [--out DIR]
 
 Full calls of ``RECIPE:sol_tau=T`` for each tau with the tree's list kernel ("tree") and the
-other module's ("other", loaded as a sibling module so its relative imports resolve to the
-tree's helpers), and the dense form of the recipe's P (``fp8_dense_kv_corrected`` with the
-recipe's p_scaling / row_sum / p_exp) in the same interleaved rounds; rel-L2 against float64 on
-64 evenly spaced rows; then a torch-profiler view of one call per tau with the tree's kernel.
-Both versions must take the launcher's current arguments (``fp8_attention_ws_lists``).
+other module's ("other", loaded as ``workbench.kernels._lists_other``, so its relative imports
+take the tree's modules: its own kernel with the tree's shared Gluon functions), and the dense
+form of the recipe's P (``fp8_dense_kv_corrected`` with the recipe's p_scaling / row_sum /
+p_exp) in the same interleaved rounds; rel-L2 against float64 on 64 evenly spaced rows; then a
+torch-profiler view per tau with the tree's kernel (GPU time per call over 5 calls). Both
+versions must take the launcher's current arguments (``fp8_attention_ws_lists``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import workbench.kernels.attention_fp8_ws_lists as TREE  # noqa: E402
 from workbench.attention import dense_attention_f64, evenly_spaced_rows  # noqa: E402
-from workbench.bench.harness import interleaved_ms, kernel_profile  # noqa: E402
+from workbench.bench.harness import env_info, interleaved_ms, kernel_profile  # noqa: E402
 from workbench.kernels.dispatch import fp8_recipe_attention, sparse_routing  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import H3_SYNTHETIC, synthetic_qkv  # noqa: E402
@@ -94,6 +96,10 @@ def main(argv=None) -> int:
     profs = {lab: kernel_profile(fn, n=5) for lab, fn in fns.items()
              if lab.endswith("/ tree") and not lab.startswith("dense")}
     use("tree")
+    env = env_info()
+    print(f"{env.get('device', 'no GPU')}, torch {env['torch']}, triton {env.get('triton')}, "
+          f"CUDA {env.get('cuda')}, {env['date']}; S = {q.shape[1]}, {q.shape[2]} heads; "
+          f"medians of {a.rounds} interleaved do_bench rounds")
     for lab, prof in profs.items():
         print(f"\n| kernel ({lab}, torch profiler) | ms per call |\n|---|---|")
         for r in prof[:12] + prof[-1:]:
@@ -106,7 +112,7 @@ def main(argv=None) -> int:
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         Path(a.out, "lists_ab.json").write_text(json.dumps(
-            {"rows": rows, "rounds": times, "profiles": profs}, indent=1))
+            {"env": env, "rows": rows, "rounds": times, "profiles": profs}, indent=1))
     return 0
 
 

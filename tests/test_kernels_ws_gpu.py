@@ -265,7 +265,7 @@ LL = "fp8_sol_kv_corrected:p_scaling=exp2_offset8,row_sum=p_operand,p_exp=log_li
 
 
 @pytest.mark.parametrize("name", [LL, LL + ",sparsity=vsa,vsa_keep=0.2"])
-def test_ws_lists_log_linear_lse(name, ws_calls):
+def test_ws_lists_log_linear_lse(name, ws_calls, monkeypatch):
     """p_exp="log_linear" in the list kernel: its LSE carries the exact tiles' state as the
     programs kernel's does (grid max and the codes' mean bias divided out: a missed or doubled
     division moves it by log 1.04036 = 0.040), with Sol's summary pass merged (INIT_SUMMARY)
@@ -275,15 +275,22 @@ def test_ws_lists_log_linear_lse(name, ws_calls):
     summary tiles, the last block 44 rows): against the same kernel with the FP32 summary pass,
     outputs within 2.5e-3 and the LSE within 2e-2 (H200, 2026-12-03: 1.378e-3 and 9.74e-3; the
     exp2 tiles against that pass at 4,111 tokens: 1.41e-3 and 4.1e-3,
-    ``test_gpu_summary_tiles_with_a_scaled_p_agree_with_the_summary_pass``: the codes' row sum
-    carries their mean bias, which is 1.04036 only on average and moves where a few blocks
-    dominate a row, while the exp2 tiles summed FP32 weights; vc8's 2^8 or the 64 / 256 of the
-    row sum missed moves them by orders of magnitude, log 4 = 1.39 for the latter), and the
+    ``test_gpu_summary_tiles_with_a_scaled_p_agree_with_the_summary_pass``, another input; the
+    likely cause, not measured apart: the codes' row sum carries their mean bias, which is
+    1.04036 only on average and moves where a few blocks dominate a row, while the exp2 tiles
+    summed FP32 weights; vc8's 2^8 or the 64 / 256 of the row sum missed moves them by orders
+    of magnitude, log 4 = 1.39 for the latter; the tiles' operands are counted as made, and
+    their output must differ from the pass's: a fallback to the pass would match it), and the
     LSE's mean distance to the exp2 codes' under 1e-2 (2.10e-3; a missed bias division reads
     0.040). Against the programs kernel: 2.09e-3 / 3.94e-3 (Sol / VSA)."""
+    from workbench.kernels import attention_fp8_ws_lists as ws_lists
     from workbench.kernels.attention_fp8 import fp8_attention_fwd
     from workbench.kernels.config import SparseConfig
 
+    made = []
+    tiles = ws_lists.summary_tiles
+    monkeypatch.setattr(ws_lists, "summary_tiles",
+                        lambda *a, **kw: made.append(1) or tiles(*a, **kw))
     H = 4
     S = 8300 if "vsa" not in name else 4111
     q, layout, rec, route, qkv = list_operands(name, S, H, 2)
@@ -305,10 +312,11 @@ def test_ws_lists_log_linear_lse(name, ws_calls):
     assert d_ab <= 4e-3 and rel_l2(b[:, rows], a[:, rows]) < 5e-4
     if rec.sparsity == "sol":
         t, lse_t = run("warp_specialized", "fp8_tiles")
+        assert made == [1] and ws_calls["lists"] == 2  # the tiles' operands, the list kernel
         _, lse_x = run("warp_specialized", "fp8_tiles", "exp2")
         d_tx = float((lse_t - lse_x)[..., rows].abs().mean())
         d_tb = float((lse_t - lse_b)[..., rows].abs().max())
         e_tb = rel_l2(t[:, rows], b[:, rows])
         print(f"  summary tiles: against the summary pass out rel-L2 {e_tb:.3e}, LSE {d_tb:.3e};"
               f" LSE mean |log-linear - exp2| {d_tx:.3e}")
-        assert t.isfinite().all() and e_tb < 2.5e-3 and d_tb < 2e-2 and d_tx < 1e-2
+        assert t.isfinite().all() and 0 < e_tb < 2.5e-3 and d_tb < 2e-2 and d_tx < 1e-2

@@ -38,16 +38,16 @@ With ``row_sum="p_operand"`` the exact tiles' row sum is P @ ones on the tensor 
 product per 64-key half (``_pv_flush``, as the dense kernel's); the summary tiles keep their FP32
 sum of the weights, as the twin's summary route does, except with ``p_exp="log_linear"``, where
 their weights are P's codes as well and their row sum P @ ones (``_sum_tile``; offline for sm_90a
-their loop 505-509 SASS instructions against 542-549 with the exponentials, the exact tiles'
-spills 4 per tile in consumers 1 and 2 against 10; on the H200 the full calls 0.2-1.0% faster at
-four of five Sol densities, one 0.2% slower, all within the rounds' spread, at the same error:
-BENCHMARKS.md, 2026-12-03). With a scaled P (``exp2_offset8``: the
-exact tiles' P is 2^(s - m + 8)) the first summary tile divides the state (acc, l) by that
-factor with its rescale, exactly (a power of two), and the summary tiles and the epilogue run
-as for the unit P (the same acc / l; the LSE is not offset again). Offline, as the H3 launch
-compiles: multiplying each summary product by 2^8 in the flush instead cost 64 instructions per
-summary tile (592 against 528), and dividing the state after the exact loop made ptxas spill
-8-20 instructions per exact tile.
+their loop 505-509 SASS instructions against 542-549 with the exponentials, the exact tiles' spills
+4 per tile in consumers 1 and 2 against 10; on the H200 the full calls 0.3-1.9% faster in nine of
+ten pairs over two runs at five Sol densities (one 0.2% slower), mostly within the rounds' spread,
+errors within 0.02%: BENCHMARKS.md, 2026-12-03). With a scaled P (``exp2_offset8``: the exact
+tiles' P is 2^(s - m + 8)) the first summary tile divides the state (acc, l) by that factor with
+its rescale, exactly (a power of two), and the summary tiles and the epilogue run as for the unit P
+(the same acc / l; the LSE is not offset again). Offline, as the H3 launch compiles: multiplying
+each summary product by 2^8 in the flush instead cost 64 instructions per summary tile (592 against
+528), and dividing the state after the exact loop made ptxas spill 8-20 instructions per exact
+tile.
 Where this kernel does not run, the route is its own pass
 (``summary_gluon`` or the Triton kernel's), whose state this kernel merges (``INIT_SUMMARY``).
 The twin's route is FP32; E4M3 operands moved the H3 anchor's error against float64 from
