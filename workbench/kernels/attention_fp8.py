@@ -719,6 +719,22 @@ def _combine_kernel(PART_O, PART_ML, VS, VC, OUT, LSE, S, S_pad, H, GROUP, row_s
               INTERPRET)
 
 
+def check_p_form(p_log2_scale: float, row_sum: str, p_exp: str) -> None:
+    """The recipe's row sum and P from its exponent as a launch takes them (every kernel
+    launcher; ``recipe.validate`` refuses the same combinations): p_exp "log_linear" writes codes
+    of the scaled P (p_log2_scale 8, p_scaling "exp2_offset8") that the row sum must take."""
+    if row_sum not in ROW_SUMS:
+        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
+    if p_exp not in P_EXPS:
+        raise ValueError(f"p_exp: {p_exp!r}; the kernel implements {list(P_EXPS)}")
+    if p_exp == "log_linear" and (p_log2_scale, row_sum) != (
+            P_LOG2_SCALES["exp2_offset8"], "p_operand"):
+        raise ValueError(f"p_exp='log_linear' needs p_scaling='exp2_offset8' and "
+                         f"row_sum='p_operand' (got P scaled by 2^{p_log2_scale:g}, row_sum "
+                         f"{row_sum!r}): its codes are of the scaled P, and the row sum must "
+                         "take them")
+
+
 def _check_launch(qkv, num_heads: int, scale, out, row_start: int, out_f32: bool) -> None:
     """What the kernels take on trust (they write through raw pointers): the head count, a finite
     positive scale, rows 0 <= row_start <= S, and an ``out`` of [B, S, H, D] on q's device, unit
@@ -778,14 +794,7 @@ def fp8_attention_fwd(
     """
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
-    if row_sum not in ROW_SUMS:
-        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
-    if p_exp not in P_EXPS:
-        raise ValueError(f"p_exp: {p_exp!r}; the kernel implements {list(P_EXPS)}")
-    if p_exp == "log_linear" and (p_scaling, row_sum) != ("exp2_offset8", "p_operand"):
-        raise ValueError(f"p_exp='log_linear' needs p_scaling='exp2_offset8' and "
-                         f"row_sum='p_operand' (got {p_scaling!r}, {row_sum!r}): its codes are "
-                         "of the scaled P, and the row sum must take them")
+    check_p_form(P_LOG2_SCALES[p_scaling], row_sum, p_exp)
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len

@@ -441,17 +441,11 @@ def fp8_attention_fwd_ws(qkv, *, num_heads: int, scale: float, out=None,
     row_sum: "p_fp32" (FP32 adds of the FP32 P) or "p_operand" (P @ ones on the tensor cores).
     p_exp: "exp2" or "log_linear" (``_ll_codes``; with p_scaling "exp2_offset8" and row_sum
     "p_operand" only)."""
-    from .attention_fp8 import P_EXPS, P_LOG2_SCALES, ROW_SUMS
+    from .attention_fp8 import P_LOG2_SCALES, check_p_form
 
     if p_scaling not in P_LOG2_SCALES:
         raise ValueError(f"p_scaling: {p_scaling!r}; the kernel implements {list(P_LOG2_SCALES)}")
-    if row_sum not in ROW_SUMS:
-        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
-    if p_exp not in P_EXPS:
-        raise ValueError(f"p_exp: {p_exp!r}; the kernel implements {list(P_EXPS)}")
-    if p_exp == "log_linear" and (p_scaling, row_sum) != ("exp2_offset8", "p_operand"):
-        raise ValueError(f"p_exp='log_linear' needs p_scaling='exp2_offset8' and "
-                         f"row_sum='p_operand' (got {p_scaling!r}, {row_sum!r})")
+    check_p_form(P_LOG2_SCALES[p_scaling], row_sum, p_exp)
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     S = qkv.seq_len

@@ -353,6 +353,20 @@ def _halves(x):
 
 
 @gluon.jit
+def _ll_operands(raw, bias, f0, f1, mma: gl.constexpr, PERM_P: gl.constexpr):
+    """P @ V's two E4M3 A operands (64 keys each) of a tile's raw scores raw [64, 128] for
+    p_exp "log_linear": ``_ll_codes`` of each half with its factor f0 / f1 (8 qs times the
+    half's K scale) and the row bias [64] of ``_ll_row_bias``."""
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
+    r0, r1 = _halves(raw)
+    b0, b1 = _halves(gl.broadcast(bias[:, None], raw)[0])
+    return (_ll_codes(r0, gl.full([64, 64], f0, gl.float32, r0.type.layout), b0, a_layout,
+                      PERM_P),
+            _ll_codes(r1, gl.full([64, 64], f1, gl.float32, r1.type.layout), b1, a_layout,
+                      PERM_P))
+
+
+@gluon.jit
 def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
                  c: gl.constexpr, args, mma: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
                  PERM_P: gl.constexpr, ones=None, P_LL: gl.constexpr = False):
@@ -375,17 +389,8 @@ def _tile_halves(i, MASK_KEYS: gl.constexpr, acc, l_i, m_i, q, qs, blocks, cnt,
     mx1 = gl.max(gl.where(half0, float("-inf"), raw), axis=1)
     m_cand = gl.maximum(m_i, gl.maximum(mx0 * s0, mx1 * s1))
     if P_LL:
-        # the codes' P = 2^(s - m' + 8) = 256 w is what vc8 = vc / (256 s_v) and the 64 / 256
-        # of the row sum expect: P_LOG2_SCALE is 8 here (the launcher refuses any other)
-        gl.static_assert(P_LOG2_SCALE == 8.0)
         bias, alpha = _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-        r0, r1 = _halves(raw)
-        b0, b1 = _halves(gl.broadcast(bias[:, None], raw)[0])
-        ops = (_ll_codes(r0, gl.full([64, 64], 8.0 * (qs * s0), gl.float32, r0.type.layout), b0,
-                         a_layout, PERM_P),
-               _ll_codes(r1, gl.full([64, 64], 8.0 * (qs * s1), gl.float32, r1.type.layout), b1,
-                         a_layout, PERM_P))
+        ops = _ll_operands(raw, bias, 8.0 * (qs * s0), 8.0 * (qs * s1), mma, PERM_P)
         acc, l_i = _pv_flush(None, alpha, acc, l_i, slot, args, mma, PERM_P, ones, ops)
     else:
         mq, alpha = _row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
@@ -427,13 +432,13 @@ def _sum_tile(u, t, acc, l_i, m_i, q, qs, skc, c: gl.constexpr, args, mma: gl.co
     raw = raw + bias_smem.index(slot).load(cols)[None, :]
     m_cand = gl.maximum(m_i, gl.max(raw, axis=1) * skc)
     if P_LL:
+        # the codes' P = 2^(s - m' + 8) = 256 w is what vc8 = vc / (256 s_v) and the 64 / 256
+        # of the row sum expect: P_LOG2_SCALE is 8 here (the launcher refuses any other)
+        gl.static_assert(P_LOG2_SCALE == 8.0)
         bias, alpha = _ll_row_bias(m_i, m_cand, qs, P_LOG2_SCALE)
         alpha = alpha * gl.where(u == 0, 2.0**-P_LOG2_SCALE, 1.0)
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=4)
-        r0, r1 = _halves(raw)
-        b0, b1 = _halves(gl.broadcast(bias[:, None], raw)[0])
-        f = gl.full([64, 64], 8.0 * (qs * skc), gl.float32, r0.type.layout)
-        ops = (_ll_codes(r0, f, b0, a_layout, PERM_P), _ll_codes(r1, f, b1, a_layout, PERM_P))
+        f = 8.0 * (qs * skc)
+        ops = _ll_operands(raw, bias, f, f, mma, PERM_P)
         acc, l_i = _pv_flush(None, alpha, acc, l_i, slot, args, mma, PERM_P, ones, ops)
     else:
         mq, alpha = _row_bias(m_i, m_cand, qs, 0.0)
@@ -749,15 +754,9 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
     CTA (``query_order``); row_sum: "p_fp32" or "p_operand" (the exact tiles' row sum as
     P @ ones on the tensor cores); p_exp: "exp2" or "log_linear" (with p_log2_scale 8 and
     row_sum "p_operand": ``attention_fp8_ws._ll_codes``)."""
-    from .attention_fp8 import P_EXPS, ROW_SUMS
+    from .attention_fp8 import check_p_form
 
-    if row_sum not in ROW_SUMS:
-        raise ValueError(f"row_sum: {row_sum!r}; the kernel implements {list(ROW_SUMS)}")
-    if p_exp not in P_EXPS:
-        raise ValueError(f"p_exp: {p_exp!r}; the kernel implements {list(P_EXPS)}")
-    if p_exp == "log_linear" and (p_log2_scale, row_sum) != (8.0, "p_operand"):
-        raise ValueError(f"p_exp='log_linear' needs the P scaling exp2_offset8 and row_sum "
-                         f"'p_operand' (got 2^{p_log2_scale}, {row_sum!r})")
+    check_p_form(p_log2_scale, row_sum, p_exp)
     B, H, S_pad, D = qkv.q8.shape
     Hkv = qkv.k8.shape[1]
     nq, nk = routing.exact.shape[-2:]
