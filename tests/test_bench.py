@@ -168,12 +168,19 @@ def test_gpu_kernels_script_refuses_bad_configs():
 
 
 def test_gpu_lists_ab_refuses_a_missing_module_and_a_dense_recipe(tmp_path):
-    """scripts/gpu_lists_ab.py names its bad input before it touches the GPU."""
-    p = script("scripts/gpu_lists_ab.py", "--other", str(tmp_path / "nope.py"))
-    assert p.returncode == 1 and "nope.py is not a file" in p.stderr, p.stderr
-    p = script("scripts/gpu_lists_ab.py", "--other", "workbench/kernels/attention_fp8_ws_lists.py",
-               "--recipe", "fp8_dense_kv_corrected")
-    assert p.returncode == 1 and "is not a Sol recipe" in p.stderr, p.stderr
+    """scripts/gpu_lists_ab.py names its bad input before it touches the GPU (in this process:
+    a subprocess per case spent ~6 s importing the kernels)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_lists_ab", os.path.join(ROOT, "scripts", "gpu_lists_ab.py"))
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    with pytest.raises(SystemExit, match="nope.py is not a file"):
+        ab.main(["--other", str(tmp_path / "nope.py")])
+    module = os.path.join(ROOT, "workbench", "kernels", "attention_fp8_ws_lists.py")
+    with pytest.raises(SystemExit, match="is not a Sol recipe"):
+        ab.main(["--other", module, "--recipe", "fp8_dense_kv_corrected"])
 
 
 def test_gpu_scripts_import_nothing_the_gpu_machine_lacks():
