@@ -32,7 +32,13 @@ from workbench.attention.sparsity import (  # noqa: E402
     vsa_select,
 )
 from workbench.kernels import routing  # noqa: E402
-from workbench.kernels.config import RoutingConfig  # noqa: E402
+from workbench.kernels.config import QuantConfig, RoutingConfig  # noqa: E402
+from workbench.kernels.attention_fp8_ws_lists import summary_tiles  # noqa: E402
+from workbench.kernels.quantize import (  # noqa: E402
+    quantize_qkv,
+    quantize_tokens,
+    v_channel_scales,
+)
 from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import small_config, synthetic_qkv  # noqa: E402
 
@@ -156,6 +162,25 @@ def test_block_sums_match_torch_and_are_deterministic(S, H, Hkv, D):
         assert torch.equal(y, z)
     assert torch.equal(d.vmax, a.vmax) and torch.equal(d.vmin, a.vmin)
     assert torch.equal(d.lens, a.lens)
+    # Q's codes from the read that sums Q (a sparse FP8 call): the quantizer's codes and scales
+    # bitwise, Q's sums up to the addition order, K / V's and the lengths unchanged
+    f = routing.block_sums(q, k, v, minmax=True, config=FAST, q_codes=QuantConfig())
+    q8, q_scale = quantize_tokens(q)
+    assert torch.equal(f.q8.view(torch.uint8), q8.view(torch.uint8))
+    assert torch.equal(f.q_scale, q_scale) and a.q8 is None
+    torch.testing.assert_close(f.qsum, a.qsum, rtol=1e-6, atol=1e-5)
+    assert not torch.equal(f.qsum, torch.zeros_like(f.qsum))
+    for x, y in zip((a.ksum, a.vsum, a.vmax, a.vmin, a.lens), (f.ksum, f.vsum, f.vmax, f.vmin,
+                                                              f.lens)):
+        assert torch.equal(x, y)
+    moments = f.kv_moments()
+    flags = dict(smooth_k=True, smooth_v=True, v_bias_correction=True)
+    with pytest.raises(ValueError, match="q_codes"):  # codes of other operands: refused
+        quantize_qkv(q, k, v, *moments, **flags, q_codes=(f.q8[:, :1], f.q_scale))
+    with pytest.raises(ValueError, match="scales: the reciprocals"):
+        quantize_qkv(q, k, v, *moments, **flags, v_scales=(moments[2], moments[2][..., :8]))
+    with pytest.raises(ValueError, match="sums"):
+        quantize_tokens(q, sums=f.qsum[:, :, :1])
 
 
 @cpu_only
@@ -234,13 +259,18 @@ def test_sol_front_in_one_launch_equals_the_torch_front(S, H, Hkv, D, name, pref
     kc, vc = routing.sol_centred(sums, mu_k, mu_v)
     kh = routing._expand(kc, H // Hkv)
     _, theta = sol_scores(sums.qbar, kh, rec, scale * LOG2E)
-    front = routing.sol_front(sums, rec, scale)
+    full = routing.sol_front(sums, rec, scale)
+    front = full.twin_values()
     # several programs per K/V head, each a share of the rows: the same bits as one (at the
     # same ROWS, so the same order of additions)
     one = routing.sol_front(sums, rec, scale, rows=4, parts=1)
     parts = routing.sol_front(sums, rec, scale, rows=4, parts=3)
-    for a, b in zip(one, parts):
+    for a, b in zip(one.twin_values() + (one.v_scale, one.v_rcp),
+                    parts.twin_values() + (parts.v_scale, parts.v_rcp)):
         assert (a is None and b is None) or torch.equal(a, b)
+    # V's channel scales: the quantizer's own, bitwise, from the front's absmax
+    assert all(torch.equal(a, b) for a, b in zip((full.v_scale, full.v_rcp),
+                                                 v_channel_scales(full.v_amax)))
     # theta: the diagonal threshold's, or tau where infinite; the exact one is the list pass's
     exact_thr = rec.sol_threshold == "exact" and math.isfinite(rec.sol_tau)
     assert (front[6] is None) == exact_thr
@@ -459,6 +489,14 @@ def test_h3_shape_routing_on_the_gpu_matches_the_twin():
     sums = routing.block_sums(q, k, v, minmax=True)
     mu_k, mu_v, _ = sums.kv_moments()
     torch.testing.assert_close(mu_k, k.double().mean(1).float(), rtol=1e-5, atol=1e-5)
+    # Q's codes in the read that sums Q: the quantizer's codes bitwise, the same sums up to
+    # the order of additions
+    with_q = routing.block_sums(q, k, v, minmax=True, q_codes=QuantConfig())
+    q8, q_scale = quantize_tokens(q)
+    assert torch.equal(with_q.q8.view(torch.uint8), q8.view(torch.uint8))
+    assert torch.equal(with_q.q_scale, q_scale) and torch.equal(with_q.ksum, sums.ksum)
+    torch.testing.assert_close(with_q.qsum, sums.qsum, rtol=1e-5, atol=1e-3)
+    del with_q, q8
     total = 0
     for name in ("fp8_sol_kv_corrected", "fp8_sol_kv_corrected:sol_threshold=diag",
                  "fp8_sol_kv_corrected:sol_tau=0.2"):
@@ -469,10 +507,23 @@ def test_h3_shape_routing_on_the_gpu_matches_the_twin():
         print(f"H3 {name}: density {r.density:.4f} (twin {float(twin.float().mean()):.4f}), "
               f"{n_diff} rounding disagreements, {n_near} pairs in the band of {twin.numel()}")
         assert n_outside == 0 and n_near <= 1e-3 * twin.numel()
-        rf = routing.sol_routing_fused(sums, rec, layout=layout)[3]  # the one-launch front
+        mu_kf, mu_vf, amax_f, rf = routing.sol_routing_fused(sums, rec, layout=layout,
+                                                             tiles=True)  # the kernel front
         f_diff, f_outside, _ = disagreements(rf.exact, twin, margin, scores)
-        print(f"H3 {name}, one-launch front: {f_diff} rounding disagreements")
+        print(f"H3 {name}, kernel front: {f_diff} rounding disagreements")
         assert f_outside == 0
+        # its summary tiles and V scales: bitwise what the list kernel's launcher and the
+        # quantizer make from the front's kc / vc / absmax (FMA contraction on the GPU too)
+        qf = quantize_qkv(q, k, v, mu_kf, mu_vf, amax_f, smooth_k=True, smooth_v=True,
+                          v_bias_correction=True, v_scales=rf.v_scales)
+        assert all(torch.equal(a, b) for a, b in zip(rf.v_scales, v_channel_scales(amax_f)))
+        want = summary_tiles(qf, rf)
+        assert rf.tiles.fits(qf)
+        for t in ("kc8", "vc8t", "skc"):
+            assert torch.equal(getattr(rf.tiles, t).view(torch.uint8) if t != "skc" else
+                               rf.tiles.skc, getattr(want, t).view(torch.uint8)
+                               if t != "skc" else want.skc), t
+        del qf
         torch.testing.assert_close(r.kc, kcent, rtol=1e-4, atol=1e-5)
         blocks, counts = routing.compact_blocks(r.exact)  # the list pass against its twin
         assert torch.equal(r.blocks, blocks) and torch.equal(r.counts, counts)

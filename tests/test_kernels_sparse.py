@@ -27,9 +27,9 @@ from workbench.attention import (  # noqa: E402
     recipe_attention,
 )
 from workbench.kernels import attention_fp8_ws_lists as ws_lists  # noqa: E402
-from workbench.kernels import dispatch  # noqa: E402
+from workbench.kernels import dispatch, routing  # noqa: E402
 from workbench.kernels.attention_fp8 import fp8_attention_fwd  # noqa: E402
-from workbench.kernels.config import DEFAULT, SparseConfig  # noqa: E402
+from workbench.kernels.config import DEFAULT, QuantConfig, SparseConfig  # noqa: E402
 from workbench.kernels.quantize import quantize_qkv  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import small_config, synthetic_qkv  # noqa: E402
@@ -297,6 +297,22 @@ def test_summary_tiles_round_the_route_operands_as_documented():
     for name in ("kc8", "vc8t"):
         assert torch.equal(getattr(t, name).float(), getattr(twin, name).float()), name
     assert torch.equal(t.skc, twin.skc)
+    # a Sol call's routing front makes them (and V's scales) from the block sums: the same
+    # values, for operands quantized with those scales, in both column orders
+    rec = get_recipe("fp8_sol_kv_corrected")
+    sums = dispatch.sparse_block_sums(q, k, v)
+    for perm in (True, False):
+        mu_k, mu_v, v_amax, r = routing.sol_routing_fused(sums, rec, layout=layout,
+                                                          tiles=True, v_perm=perm)
+        qf = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=True, smooth_v=True,
+                          v_bias_correction=True, config=QuantConfig(v_perm=perm),
+                          v_scales=r.v_scales)
+        assert r.tiles.fits(qf) and not r.tiles.fits(qkv)
+        want = summary_tiles(qf, r)
+        for name in ("kc8", "vc8t", "skc"):
+            assert torch.equal(getattr(r.tiles, name).float(), getattr(want, name).float()), \
+                (name, perm)
+        assert r.tiles.last_log2 == want.last_log2
 
 
 def test_sparse_config_rules_and_refusals():
@@ -323,6 +339,11 @@ def test_ws_query_order_groups_blocks_of_like_list_length():
     order = query_order(counts, "by_length")
     assert order.dtype == torch.int32 and order.tolist() == [[1, 2, 4, 0, 3], [0, 1, 2, 3, 4]]
     assert query_order(counts, "consecutive").tolist() == [[0, 1, 2, 3, 4]]
+    # many ties over more than one chunk of the sorting kernel, against torch's stable sort
+    many = torch.randint(0, 7, (3, 1, 70), generator=torch.Generator().manual_seed(2),
+                         dtype=torch.int32)
+    want = torch.argsort(many.reshape(3, 70), dim=1, descending=True, stable=True)
+    assert torch.equal(query_order(many, "by_length").long(), want)
     with pytest.raises(ValueError, match="grouping"):
         query_order(counts, "random")
 

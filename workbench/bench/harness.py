@@ -164,6 +164,39 @@ def kernel_profile(fn, n: int = 3) -> list[dict]:
     return out
 
 
+def kernel_timeline(fn, n: int = 3) -> list[dict]:
+    """The GPU work of the last of n profiled calls in launch order: [{kernel, start_us, us,
+    gap_us}] (start relative to that call's first kernel; gap = idle time since the previous
+    kernel ended, negative where they overlap on two streams). Why beside ``kernel_profile``:
+    a call's span exceeded the sum of its longest kernels by 0.4-0.5 ms, and only the whole
+    sequence shows whether that is many small launches or idle time between them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(n):
+            if i == n - 1:
+                torch.cuda.synchronize()  # the last call starts on an idle GPU
+                torch.cuda._sleep(20_000_000)  # and its launches queue behind a sleep
+            fn()
+        torch.cuda.synchronize()
+    ev = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                 if e.device_type.name == "CUDA"), key=lambda t: t[0])
+    # the last call: everything after the sleep kernel
+    last = max((i for i, t in enumerate(ev) if "spin_kernel" in t[2] or "sleep" in t[2].lower()),
+               default=-1)
+    ev = ev[last + 1:]
+    if not ev:
+        return []
+    t0, prev_end, out = ev[0][0], ev[0][0], []
+    for start, end, name in ev:
+        out.append({"kernel": name[:90], "start_us": start - t0, "us": end - start,
+                    "gap_us": start - prev_end})
+        prev_end = max(prev_end, end)
+    return out
+
+
 def graph_median_ms(fn, *, warmup_ms: int = 100, rep_ms: int = 500) -> float | None:
     """GPU time of fn without the host's launch time: fn captured once in a CUDA graph (after two
     eager calls that compile and warm it), then ``median_ms`` of the graph's replays. None when

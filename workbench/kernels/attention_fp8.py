@@ -904,7 +904,11 @@ def fp8_attention_fwd(
                                          p_scaling=p_scaling, row_sum=row_sum,
                                          stages=c.num_stages, row_end=dense_end, p_exp=p_exp)
             try:  # the summary tiles' operands after the fork: the dense rows do not need them
-                tiles = ws_lists.summary_tiles(qkv, routing) if sp.tiles else None
+                tiles = None
+                if sp.tiles:  # made by the routing's front where it could (the same values)
+                    tiles = routing.tiles
+                    if tiles is None or not tiles.fits(qkv):
+                        tiles = ws_lists.summary_tiles(qkv, routing)
                 ws_lists.fp8_attention_ws_lists(
                     qkv, routing, out=out, lse=lse, scale=scale,
                     row_start=dense_end if side is not None else row_start,

@@ -110,6 +110,8 @@ class QuantConfig:
     # rounds, the same codes): 0.624 / 0.434 / 0.427 / 0.556 ms at 2 / 4 / 8 / 16 warps, with
     # div_rn; with div_exact (2026-12-02) 0.191 (Q) + 0.205 (K) ms at 8, others not re-measured
     qk_warps: int = 8
+    # Q's codes with its 64-token block sums in one read (a sparse call): warps per program
+    q_sums_warps: int = 8
     v_rows: int = 64  # tokens per V program (one tile, transposed as the 16-bit tile)
     v_warps: int = 4
     corr_rows: int = 4  # channels of V^T summed per correction program
@@ -123,7 +125,8 @@ class QuantConfig:
     v_perm: bool = True
 
     def __post_init__(self) -> None:
-        _check_ints(self, pow2=("qk_warps", "v_warps", "corr_rows", "corr_block_t"))
+        _check_ints(self, pow2=("qk_warps", "q_sums_warps", "v_warps", "corr_rows",
+                                "corr_block_t"))
         if self.v_rows not in (32, 64, 128, 256):
             raise ValueError(f"QuantConfig.v_rows: {self.v_rows}; a power of two 32..256 "
                              "(a divisor of the 256-token padding)")
@@ -313,9 +316,11 @@ class RoutingConfig:
     8.227 at 1.247, 17.323 vs 17.591 at 0.36, level with the diagonal threshold (10.434 vs
     10.376); the routing's small launches 0.469 vs 0.620 ms of GPU time; the same decisions as
     the torch front at the H3 shape (0 of 14.6 M pairs differ) and the same accuracy.
-    front_parts / front_rows: that launch's programs per K/V head (each a share of the block
-    rows) and rows per step (H200, H3 shape: 0.122 / 0.098 / 0.093 / 0.116 / 0.231 ms at 1 / 2 /
-    4 / 8 / 16 parts of 32 rows, the same bits).
+    front_parts / front_rows: the front's row launch's programs per K/V head (each a share of
+    the block rows) and rows per step (H200, H3 shape, when the front was one launch whose every
+    program also read the statistics: 0.122 / 0.098 / 0.093 / 0.116 / 0.231 ms at 1 / 2 / 4 /
+    8 / 16 parts of 32 rows, the same bits). front_channels: channels per program of the
+    front's statistics launch (a program per K/V head and channel group, over all block rows).
     """
 
     block_rows: int = 2
@@ -326,9 +331,14 @@ class RoutingConfig:
     sol_front: str = "triton"
     front_parts: int = 4
     front_rows: int = 32
+    front_channels: int = 32
+    # a sparse FP8 call makes Q's codes in the read that sums Q's blocks (quantize_tokens with
+    # sums) instead of summing Q with K and V and quantizing it in a second read
+    q_codes: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("block_rows", "block_warps", "group_heads", "list_rows", "front_rows"):
+        for name in ("block_rows", "block_warps", "group_heads", "list_rows", "front_rows",
+                     "front_channels"):
             n = getattr(self, name)
             if n < 1 or n & (n - 1):
                 raise ValueError(f"RoutingConfig.{name}: {n} is not a power of two")

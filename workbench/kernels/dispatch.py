@@ -33,7 +33,7 @@ from workbench.recipes import AttentionRecipe, get_recipe
 
 from . import routing, streams
 from .attention_fp8 import P_LOG2_SCALES, fp8_attention_fwd
-from .config import DEFAULT, KernelConfig, RoutingConfig
+from .config import DEFAULT, KernelConfig, QuantConfig, RoutingConfig
 from .e4m3 import interpreting
 from .kv_stats import kv_stats
 from .quantize import bf16_operands, quantize_qkv
@@ -164,20 +164,32 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
               return_lse: bool, config: KernelConfig):
     """Statistics or routing, the quantizer and the FP8 attention of rows >= prefix:
     (out [B, S, H, D] with rows < prefix unwritten, lse or None)."""
-    route = None
+    route = q_codes = v_scales = None
     if recipe.sparsity == "dense":
         st = kv_stats(k, v, smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v,
                       config=config.stats)
         mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
     else:
-        mu_k, mu_v, v_amax, route = sparse_routing(q, k, v, recipe, layout, scale,
-                                                   config.routing)
+        # FP8: Q's codes come from the read that sums Q's blocks (Q is read once, not twice)
+        fused_q = config.routing.q_codes and not is_bf16_sparse(recipe)
+        sums = sparse_block_sums(q, k, v, config.routing,
+                                 q_codes=config.quant if fused_q else None)
+        # FP8 Sol: the front also makes V's channel scales and the summary tiles' operands
+        fp8 = not is_bf16_sparse(recipe)
+        mu_k, mu_v, v_amax, route = routing_given_sums(
+            q, k, v, recipe, layout, scale, sums, config.routing,
+            tiles=fp8 and config.sparse.summary_kernel == "fp8_tiles",
+            v_perm=config.quant.v_perm)
+        if sums.q8 is not None:
+            q_codes = (sums.q8, sums.q_scale)
+        if fp8:
+            v_scales = route.v_scales
     if is_bf16_sparse(recipe):
         qkv = bf16_operands(q, k, v)
     else:
         qkv = quantize_qkv(q, k, v, mu_k, mu_v, v_amax, smooth_k=recipe.smooth_k,
                            smooth_v=recipe.smooth_v, v_bias_correction=recipe.v_bias_correction,
-                           config=config.quant)
+                           config=config.quant, q_codes=q_codes, v_scales=v_scales)
     # out_format "bf16": the kernels round the output to BF16 whatever the operands' dtype (FP16
     # operands get it back in FP16, as the reference path returns it); "fp32" / "exact": q's dtype
     out = torch.empty_like(q, dtype=torch.bfloat16 if recipe.out_format == "bf16" else q.dtype)
@@ -197,20 +209,25 @@ def sparse_routing(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | Non
                               sparse_block_sums(q, k, v, config), config)
 
 
-def sparse_block_sums(q, k, v, config: RoutingConfig = DEFAULT.routing):
+def sparse_block_sums(q, k, v, config: RoutingConfig = DEFAULT.routing, *,
+                      q_codes: QuantConfig | None = None):
     """The first step of ``sparse_routing``: the block sums of one Q/K/V read, with V's
-    per-block extremes (what the statistics need)."""
-    return routing.block_sums(q, k, v, block=64, minmax=True, config=config)
+    per-block extremes (what the statistics need); q_codes: with Q's E4M3 codes from the same
+    read (``routing.block_sums``)."""
+    return routing.block_sums(q, k, v, block=64, minmax=True, config=config, q_codes=q_codes)
 
 
 def routing_given_sums(q, k, v, recipe: AttentionRecipe, layout: SegmentLayout | None,
-                       scale: float, sums, config: RoutingConfig = DEFAULT.routing):
+                       scale: float, sums, config: RoutingConfig = DEFAULT.routing, *,
+                       tiles: bool = False, v_perm: bool = True):
     """The second step of ``sparse_routing``: (mu_k, mu_v, v_amax [B, Hkv, D], BlockRouting)
-    from the block sums; Sol's front in one launch (``RoutingConfig.sol_front="triton"``:
-    ``routing.sol_routing_fused``), else the statistics in torch and ``route_from_sums``."""
+    from the block sums; Sol's front in two launches (``RoutingConfig.sol_front="triton"``:
+    ``routing.sol_routing_fused``, which also makes V's channel scales and, with tiles, the
+    summary tiles' operands, V^T in P's order when v_perm), else the statistics in torch and
+    ``route_from_sums`` (BlockRouting.v_scales None)."""
     if recipe.sparsity == "sol" and config.sol_front == "triton":
         return routing.sol_routing_fused(sums, recipe, layout=layout, scale=scale,
-                                         config=config)
+                                         config=config, tiles=tiles, v_perm=v_perm)
     mu_k, mu_v, v_amax = sums.kv_moments(smooth_k=recipe.smooth_k, smooth_v=recipe.smooth_v)
     return mu_k, mu_v, v_amax, route_from_sums(q, k, v, recipe, layout, scale, sums, mu_k, mu_v,
                                                config)

@@ -90,13 +90,16 @@ def head_and_block_ids(HEADS_FIRST: tl.constexpr):
 
 @triton.jit
 def _quant_tokens_kernel(
-    X, MU, OUT8, SCALE,
-    S, S_pad, H, HMU_GROUP,
+    X, MU, OUT8, SCALE, XSUM,
+    S, S_pad, H, HMU_GROUP, NB,
     stride_xb, stride_xs, stride_xh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, CENTER: tl.constexpr, SCALE_RECIP: tl.constexpr,
-    HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    HW_ROUND: tl.constexpr, HEADS_FIRST: tl.constexpr, SUMS: tl.constexpr,
 ):
-    """One program = one (batch, head, 64-token block): center, absmax, scale, round, store."""
+    """One program = one (batch, head, 64-token block): center, absmax, scale, round, store.
+    SUMS: also the block's FP32 channel sums of the raw x, at row bh * NB + blk of XSUM [B * H,
+    NB, HEAD_D] (blocks past NB, all padding, store none): a sparse call's Q block sums from the
+    read that quantizes Q (``routing.block_sums(..., q_codes=...)``)."""
     bh, blk = head_and_block_ids(HEADS_FIRST)
     b = bh // H
     h = bh % H
@@ -105,6 +108,9 @@ def _quant_tokens_kernel(
     ok = (t < S)[:, None]
     x = tl.load(X + b * stride_xb + h * stride_xh + t[:, None] * stride_xs + d[None, :],
                 mask=ok, other=0.0).to(tl.float32)
+    if SUMS:
+        tl.store(XSUM + (bh * NB + blk) * HEAD_D + d, tl.sum(x, axis=0),
+                 mask=(blk < NB) & (d < HEAD_D))
     if CENTER:
         mu = tl.load(MU + (b * (H // HMU_GROUP) + h // HMU_GROUP) * HEAD_D + d)
         x = tl.where(ok, x - mu[None, :], 0.0)
@@ -266,11 +272,29 @@ def _v_corr_kernel(
 
 
 def quantize_qkv(q, k, v, mu_k, mu_v, v_amax, *, smooth_k: bool, smooth_v: bool,
-                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant) -> QuantizedQKV:
-    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``."""
-    q8, q_scale = quantize_tokens(q, config=config)
+                 v_bias_correction: bool, config: QuantConfig = DEFAULT.quant,
+                 q_codes: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 v_scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> QuantizedQKV:
+    """q [B, S, H, D], k/v [B, S, Hkv, D]; mu_k/mu_v/v_amax [B, Hkv, D] from ``kv_stats``.
+    q_codes: Q's (codes, scales) already made by ``quantize_tokens`` (a sparse call's block-sum
+    pass makes them in the read that sums Q's blocks): Q is not read again. v_scales: V's
+    channel scales and reciprocals already made from v_amax (a Sol call's routing front)."""
+    if q_codes is not None:
+        q8, q_scale = q_codes
+        B, S, H, D = q.shape
+        want = (B, H, padded_len(S), D)
+        want_s = (B, H, padded_len(S) // QK_BLOCK)
+        if tuple(q8.shape) != want or q8.dtype != torch.float8_e4m3fn \
+                or tuple(q_scale.shape) != want_s or q_scale.dtype != torch.float32:
+            raise ValueError(f"q_codes: codes {tuple(q8.shape)} {q8.dtype} / scales "
+                             f"{tuple(q_scale.shape)} {q_scale.dtype} do not fit q "
+                             f"{tuple(q.shape)} (want {want} float8_e4m3fn / {want_s} "
+                             "float32)")
+    else:
+        q8, q_scale = quantize_tokens(q, config=config)
     k8, k_scale = quantize_tokens(k, mu_k if smooth_k else None, config=config)
-    v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax, config=config)
+    v8t, v_scale = quantize_v(v, mu_v if smooth_v else None, v_amax, config=config,
+                              scales=v_scales)
     mode = 2 if v_bias_correction else (1 if smooth_v else 0)
     v_corr = v_correction(v8t, v_scale, mu_v, q.shape[1], mode, config=config)
     return QuantizedQKV(q8, q_scale, k8, k_scale, v8t, v_scale, v_corr, q.shape[1],
@@ -319,38 +343,62 @@ def v8t_in_token_order(qkv: QuantizedQKV) -> torch.Tensor:
 
 
 def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None, *,
-                    config: QuantConfig = DEFAULT.quant):
+                    config: QuantConfig = DEFAULT.quant, sums: torch.Tensor | None = None):
     """x [B, S, H, D] (centred by mu [B, H, D] when given) -> (codes [B, H, S_pad, D] E4M3,
-    scales [B, H, S_pad / 64] float32), one scale per 64-token block and head."""
+    scales [B, H, S_pad / 64] float32), one scale per 64-token block and head. sums: a
+    [B, H, ceil(S / 64), D] float32 tensor that receives the raw x's 64-token block sums (the
+    same read)."""
     B, S, H, D = x.shape
     S_pad = padded_len(S)
     nb = S_pad // QK_BLOCK
+    n_real = triton.cdiv(S, QK_BLOCK)
+    if sums is not None and (tuple(sums.shape) != (B, H, n_real, D)
+                             or sums.dtype != torch.float32 or not sums.is_contiguous()):
+        raise ValueError(f"sums: {tuple(sums.shape)} {sums.dtype} (contiguous "
+                         f"{sums.is_contiguous()}); want contiguous ({B}, {H}, {n_real}, {D}) "
+                         "float32")
     interp = interpreting()
     x8 = torch.empty((B, H, S_pad, D), dtype=torch.float8_e4m3fn, device=x.device)
     scale = torch.empty((B, H, nb), dtype=torch.float32, device=x.device)
     hf = config.heads_first
     _quant_tokens_kernel[(B * H, nb) if hf else (nb, B * H)](
-        x, x if mu is None else mu, x8, scale, S, S_pad, H, 1,
-        x.stride(0), x.stride(1), x.stride(2),
+        x, x if mu is None else mu, x8, scale, scale if sums is None else sums, S, S_pad, H, 1,
+        n_real, x.stride(0), x.stride(1), x.stride(2),
         HEAD_D=D, BLOCK=QK_BLOCK, CENTER=mu is not None, SCALE_RECIP=not interp,
-        HW_ROUND=not interp, HEADS_FIRST=hf, num_warps=config.qk_warps,
+        HW_ROUND=not interp, HEADS_FIRST=hf, SUMS=sums is not None,
+        num_warps=config.qk_warps if sums is None else config.q_sums_warps,
     )
     return x8, scale
 
 
+def v_channel_scales(v_amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scales, reciprocals) [B, Hkv, D] of V's channels from their absmax: absmax / 448 (1
+    where 0) and RN(1 / s) (torch's CUDA reciprocal divides exactly), of s * DIV_RESCALE where
+    s < DIV_EXACT_MIN: what ``_quant_v_kernel``'s div_exact divides by. Seven small launches;
+    a sparse Sol call has its routing front make them (``routing.sol_front``)."""
+    v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
+    small = v_scale < DIV_EXACT_MIN.value
+    return v_scale, torch.reciprocal(torch.where(small, v_scale * DIV_RESCALE.value, v_scale))
+
+
 def quantize_v(v: torch.Tensor, mu_v: torch.Tensor | None, v_amax: torch.Tensor, *,
-               config: QuantConfig = DEFAULT.quant):
+               config: QuantConfig = DEFAULT.quant,
+               scales: tuple[torch.Tensor, torch.Tensor] | None = None):
     """v [B, S, Hkv, D] (centred by mu_v when given; v_amax = max_t |v - mu_v|, [B, Hkv, D]) ->
-    (codes V^T [B, Hkv, D, S_pad] E4M3, channel scales [B, Hkv, D] float32)."""
+    (codes V^T [B, Hkv, D, S_pad] E4M3, channel scales [B, Hkv, D] float32). scales: the
+    channel scales and reciprocals already made from v_amax (``v_channel_scales``' values)."""
     B, S, Hkv, D = v.shape
     S_pad = padded_len(S)
     interp = interpreting()
     v8t = torch.empty((B, Hkv, D, S_pad), dtype=torch.float8_e4m3fn, device=v.device)
-    v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
-    # RN(1 / s) (torch's CUDA reciprocal divides exactly), of s * DIV_RESCALE where s <
-    # DIV_EXACT_MIN: what the kernel's div_exact divides by
-    small = v_scale < DIV_EXACT_MIN.value
-    v_rcp = torch.reciprocal(torch.where(small, v_scale * DIV_RESCALE.value, v_scale))
+    if scales is not None:
+        for name, t in zip(("scales", "reciprocals"), scales):
+            if t.shape != v_amax.shape or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"scales: the {name} are {tuple(t.shape)} {t.dtype}; want "
+                                 f"contiguous {tuple(v_amax.shape)} float32")
+        v_scale, v_rcp = scales
+    else:
+        v_scale, v_rcp = v_channel_scales(v_amax)
     n_tiles = S_pad // config.v_rows  # v_rows divides SEQ_PAD (QuantConfig checks)
     hf = config.heads_first
     _quant_v_kernel[(B * Hkv, n_tiles) if hf else (n_tiles, B * Hkv)](

@@ -64,8 +64,17 @@ from workbench.attention.sparsity import (
 )
 from workbench.recipes import AttentionRecipe, get_recipe
 
-from .config import DEFAULT, RoutingConfig
+from .config import DEFAULT, QuantConfig, RoutingConfig
 from .e4m3 import interpreting
+from .quantize import (
+    DIV_EXACT_MIN,
+    DIV_RESCALE,
+    INV_448,
+    QK_BLOCK,
+    _to_e4m3,
+    _v_src_token,
+    quantize_tokens,
+)
 
 
 
@@ -106,19 +115,23 @@ def _head_group_sums(X, OUT, OMAX, OMIN, base, stride_s, stride_h, n_heads, g, b
 
 @triton.jit
 def _block_sums_kernel(
-    Q, K, V, QS, KS, VS, VMAX, VMIN,
-    S, H, HKV, n_blocks, n_groups_q, n_groups_kv,
+    Q, K, V, QS, KS, VS, VMAX, VMIN, LENS,
+    S, H, HKV, n_blocks, n_groups_q, n_groups_kv, w0,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     HEAD_D: tl.constexpr, BLOCK: tl.constexpr, HG: tl.constexpr, ROWS: tl.constexpr,
     MINMAX: tl.constexpr,
 ):
-    """Grid (n_blocks, B * max(n_groups_q, n_groups_kv), 3): program (blk, b * G + g, w) sums
-    block blk of head group g of Q (w = 0), K (1) or V (2, with the extremes)."""
+    """Grid (n_blocks, B * max(n_groups_q, n_groups_kv), 3 - w0): program (blk, b * G + g,
+    w - w0) sums block blk of head group g of Q (w = 0), K (1) or V (2, with the extremes);
+    w0 = 1 leaves Q out (its sums made where it is quantized). Program (blk, 0, 0) also stores
+    the block's length LENS[blk] (FP32)."""
     blk = tl.program_id(0)
     bg = tl.program_id(1)
-    w = tl.program_id(2)
+    w = tl.program_id(2) + w0
+    if (bg == 0) & (w == w0):
+        tl.store(LENS + blk, tl.minimum(S - blk * BLOCK, BLOCK).to(tl.float32))
     n_g = tl.maximum(n_groups_q, n_groups_kv)
     b = bg // n_g
     g = bg % n_g
@@ -153,6 +166,8 @@ class BlockSums:
     lens: torch.Tensor
     seq_len: int
     block: int
+    q8: torch.Tensor | None = None  # Q's E4M3 codes and scales when made in the same read
+    q_scale: torch.Tensor | None = None  # (``block_sums(..., q_codes=...)``)
 
     @property
     def qbar(self) -> torch.Tensor:
@@ -192,88 +207,112 @@ def _check_operands(q, k, v) -> tuple[int, int, int, int, int]:
 
 
 def block_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block: int = 64,
-               minmax: bool = False, config: RoutingConfig = DEFAULT.routing) -> BlockSums:
-    """One read of q [B, S, H, D], k / v [B, S, Hkv, D] -> ``BlockSums`` (see there)."""
+               minmax: bool = False, config: RoutingConfig = DEFAULT.routing,
+               q_codes: QuantConfig | None = None) -> BlockSums:
+    """One read of q [B, S, H, D], k / v [B, S, Hkv, D] -> ``BlockSums`` (see there).
+    q_codes: also Q's E4M3 codes and block scales (``quantize.quantize_tokens`` with this
+    config, which then sums Q's blocks in the same read: one read of Q per sparse FP8 call
+    instead of two; needs block = 64, the codes' scale block)."""
     B, S, H, Hkv, D = _check_operands(q, k, v)
     if block < 1 or block & (block - 1):
         raise ValueError(f"block: {block} is not a power of two")
+    if q_codes is not None and block != QK_BLOCK:
+        raise ValueError(f"block: {block}; Q's codes in the same read need the {QK_BLOCK}-token "
+                         "blocks of their scales")
     rows, warps = min(config.block_rows, block), config.block_warps
     nb = triton.cdiv(S, block)
     f32 = {"dtype": torch.float32, "device": q.device}
     qsum = torch.empty((B, H, nb, D), **f32)
     kv = torch.empty((4 if minmax else 2, B, Hkv, nb, D), **f32)
+    lens = torch.empty((nb,), **f32)
+    q8 = q_scale = None
+    if q_codes is not None:
+        q8, q_scale = quantize_tokens(q, config=q_codes, sums=qsum)
     # without minmax the extremes' pointers are the sums' (never written: MINMAX is constexpr)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2))
     hg = config.group_heads
     gq, gkv = triton.cdiv(H, hg), triton.cdiv(Hkv, hg)
-    _block_sums_kernel[(nb, B * max(gq, gkv), 3)](
-        q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1], S, H, Hkv, nb, gq, gkv, *strides,
-        HEAD_D=D, BLOCK=block, HG=hg, ROWS=rows, MINMAX=minmax, num_warps=warps,
+    w0 = 0 if q_codes is None else 1
+    _block_sums_kernel[(nb, B * max(gq, gkv), 3 - w0)](
+        q, k, v, qsum, kv[0], kv[1], kv[-2], kv[-1], lens, S, H, Hkv, nb, gq, gkv, w0,
+        *strides, HEAD_D=D, BLOCK=block, HG=hg, ROWS=rows, MINMAX=minmax, num_warps=warps,
     )
-    lens = torch.full((nb,), float(block), **f32)
-    lens[-1:].fill_(float(S - (nb - 1) * block))  # a fill, not a host copy: graph-capturable
     vmax, vmin = (kv[2], kv[3]) if minmax else (None, None)
-    return BlockSums(qsum, kv[0], kv[1], vmax, vmin, lens, S, block)
+    return BlockSums(qsum, kv[0], kv[1], vmax, vmin, lens, S, block, q8, q_scale)
 
 
-# -- Sol's routing front in one launch (RoutingConfig.sol_front="triton") ----------------------
+# -- Sol's routing front: the statistics, then the rows (RoutingConfig.sol_front="triton") --
 @triton.jit
 def _front_rows(base, r0, r, d, NB, LENS, HEAD_D: tl.constexpr):
-    """Rows r0 + r of a [NB, HEAD_D] block-sum matrix at `base`: (block indices, row mask
-    [ROWS, 1], element offsets [ROWS, HEAD_D], block lengths [ROWS, 1])."""
+    """Rows r0 + r of a [NB, HEAD_D] block-sum matrix at `base` (columns d): (block indices, row
+    mask [ROWS, 1], element offsets [ROWS, len(d)], block lengths [ROWS, 1])."""
     j = r0 + r
     off = base + j[:, None] * HEAD_D + d[None, :]
     return j, (j < NB)[:, None], off, tl.load(LENS + j, mask=j < NB, other=1.0)[:, None]
 
 
 @triton.jit
-def _sol_front_kernel(QS, KS, VS, VMAX, VMIN, LENS, MU_K, MU_V, V_AMAX, KC, VC, QBAR, THETA,
-                      n_seq, NB, GROUP, CHUNK, tau, c,
-                      HEAD_D: tl.constexpr, ROWS: tl.constexpr, SMOOTH_K: tl.constexpr,
-                      SMOOTH_V: tl.constexpr, DIAG: tl.constexpr):
-    """Program (bh, part): bh = one (batch, kv head), part = its block rows [part * CHUNK,
-    (part + 1) * CHUNK). Every part reads all of bh's block sums for mu_K, mu_V, V's centred
-    absmax (stored by part 0) and the mean kbar of kc = ksum / len - mu_K; then, for its rows,
-    kc and vc = vsum - len * mu_V [NB, D], and for bh's GROUP query heads qbar = qsum / len [NB,
-    D] and, with DIAG, Sol's diagonal theta [NB] = (qbar . kbar + tau * sqrt(sum_d qbar_d^2
-    var_d(kc))) * c (the exact threshold needs the scores: the list pass takes it from their
-    rows). QS [B * H, NB, D]; KS, VS, VMAX, VMIN [B * Hkv, NB, D]; LENS [NB]; outputs as
-    ``sol_front`` says."""
+def _sol_stats_kernel(KS, VS, VMAX, VMIN, LENS, MU_K, MU_V, V_AMAX, KBAR, DVAR, KC_AMAX,
+                      V_SCALE, V_RCP, n_seq, NB,
+                      HEAD_D: tl.constexpr, CH: tl.constexpr, ROWS: tl.constexpr,
+                      SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr, DIAG: tl.constexpr,
+                      SCALE_RECIP: tl.constexpr):
+    """Program (bh, part) = CH channels of one (batch, kv head) over all NB block rows: mu_K,
+    mu_V, V's centred absmax and its channel scales with their reciprocals (``quantize_v``'s:
+    absmax / 448 or 1, RN(1 / scale), of scale * DIV_RESCALE below DIV_EXACT_MIN), the mean kbar
+    of the centred block means kc = ksum / len - mu_K, max |kc| per channel (from the extremes of
+    ksum / len: fl(x - mu) is monotone in x, so these are max |kc| bitwise) and, with DIAG, the
+    variance of kc over the blocks. KS, VS, VMAX, VMIN [B * Hkv, NB, D]; outputs [B * Hkv, D]."""
     bh = tl.program_id(0)
-    part = tl.program_id(1)
-    d = tl.arange(0, HEAD_D)
+    d = tl.program_id(1) * CH + tl.arange(0, CH)
     r = tl.arange(0, ROWS)
     base = bh * NB * HEAD_D
-    # `while`, not `for`: run-time `for` bounds fail in triton 3.6's interpreter
-    ks = tl.zeros([HEAD_D], tl.float32)
-    vs = tl.zeros([HEAD_D], tl.float32)
-    ka = tl.zeros([HEAD_D], tl.float32)  # sum of the block means of K
-    hi = tl.full([HEAD_D], float("-inf"), tl.float32)
-    lo = tl.full([HEAD_D], float("inf"), tl.float32)
+    ks = tl.zeros([CH], tl.float32)
+    vs = tl.zeros([CH], tl.float32)
+    ka = tl.zeros([CH], tl.float32)  # sum of the block means of K
+    khi = tl.full([CH], float("-inf"), tl.float32)
+    klo = tl.full([CH], float("inf"), tl.float32)
+    hi = tl.full([CH], float("-inf"), tl.float32)
+    lo = tl.full([CH], float("inf"), tl.float32)
     r0 = 0
-    while r0 < NB:
+    while r0 < NB:  # `while`: run-time `for` bounds fail in triton 3.6's interpreter
         j, m, off, ln = _front_rows(base, r0, r, d, NB, LENS, HEAD_D)
         kx = tl.load(KS + off, mask=m, other=0.0)
+        kb = kx / ln
         ks += tl.sum(kx, axis=0)
-        ka += tl.sum(kx / ln, axis=0)
+        ka += tl.sum(kb, axis=0)
+        khi = tl.maximum(khi, tl.max(tl.where(m, kb, float("-inf")), axis=0))
+        klo = tl.minimum(klo, tl.min(tl.where(m, kb, float("inf")), axis=0))
         vs += tl.sum(tl.load(VS + off, mask=m, other=0.0), axis=0)
         hi = tl.maximum(hi, tl.max(tl.load(VMAX + off, mask=m, other=float("-inf")), axis=0))
         lo = tl.minimum(lo, tl.min(tl.load(VMIN + off, mask=m, other=float("inf")), axis=0))
         r0 += ROWS
-    mu_k = tl.zeros([HEAD_D], tl.float32)
-    mu_v = tl.zeros([HEAD_D], tl.float32)
+    mu_k = tl.zeros([CH], tl.float32)
+    mu_v = tl.zeros([CH], tl.float32)
     if SMOOTH_K:
         mu_k = ks / n_seq
     if SMOOTH_V:
         mu_v = vs / n_seq
-    if part == 0:
-        tl.store(MU_K + bh * HEAD_D + d, mu_k)
-        tl.store(MU_V + bh * HEAD_D + d, mu_v)
-        tl.store(V_AMAX + bh * HEAD_D + d, tl.maximum(tl.abs(hi - mu_v), tl.abs(lo - mu_v)))
+    o = bh * HEAD_D + d
+    tl.store(MU_K + o, mu_k)
+    tl.store(MU_V + o, mu_v)
+    v_amax = tl.maximum(tl.abs(hi - mu_v), tl.abs(lo - mu_v))
+    tl.store(V_AMAX + o, v_amax)
+    if SCALE_RECIP:  # as torch's CUDA `amax / 448.0` (``quantize.block_quant`` says why)
+        v_scale = tl.where(v_amax > 0, v_amax * INV_448, 1.0)
+    else:
+        v_scale = tl.where(v_amax > 0, tl.math.div_rn(v_amax, tl.full([CH], 448.0, tl.float32)),
+                           1.0)
+    tl.store(V_SCALE + o, v_scale)
+    tl.store(V_RCP + o, tl.math.div_rn(tl.full([CH], 1.0, tl.float32),
+                                       tl.where(v_scale < DIV_EXACT_MIN, v_scale * DIV_RESCALE,
+                                                v_scale)))
     kbar = ka / NB - mu_k
+    tl.store(KBAR + o, kbar)
+    tl.store(KC_AMAX + o, tl.maximum(tl.abs(khi - mu_k), tl.abs(klo - mu_k)))
     if DIAG:  # per channel variance of kc over the blocks (a second read of K's sums)
-        dvar = tl.zeros([HEAD_D], tl.float32)
+        dvar = tl.zeros([CH], tl.float32)
         r0 = 0
         while r0 < NB:
             j, m, off, ln = _front_rows(base, r0, r, d, NB, LENS, HEAD_D)
@@ -281,14 +320,72 @@ def _sol_front_kernel(QS, KS, VS, VMAX, VMIN, LENS, MU_K, MU_V, V_AMAX, KC, VC, 
                            - kbar[None, :], 0.0)
             dvar += tl.sum(dev * dev, axis=0)
             r0 += ROWS
-        dvar = dvar / NB
+        tl.store(DVAR + o, dvar / NB)
+
+
+@triton.jit
+def _sol_rows_kernel(QS, KS, VS, LENS, MU_K, MU_V, KBAR, DVAR, KC_AMAX, V_SCALE, KC, VC, QBAR,
+                     THETA, KC8, VC8T, SKC, NB, NB_PAD, GROUP, CHUNK, tau, c, LAST_SCALE,
+                     HEAD_D: tl.constexpr, ROWS: tl.constexpr, DIAG: tl.constexpr,
+                     TILES: tl.constexpr, PERM: tl.constexpr, SCALE_RECIP: tl.constexpr,
+                     HW_ROUND: tl.constexpr):
+    """Program (bh, part) = block rows [part * CHUNK, (part + 1) * CHUNK) of one (batch, kv
+    head), given ``_sol_stats_kernel``'s vectors: kc = ksum / len - mu_K and vc = vsum - len *
+    mu_V [NB, D]; for the GROUP query heads of bh qbar = qsum / len and, with DIAG, Sol's
+    diagonal theta [NB] = (qbar . kbar + tau * sqrt(sum_d qbar_d^2 var_d(kc))) * c. TILES: also
+    the summary route's E4M3 operands (what ``attention_fp8_ws_lists.summary_tiles`` makes from
+    kc / vc, bitwise): skc = max(max |kc| / 448, 1e-30) (stored by part 0), kc8 rows
+    E4M3(kc / skc) and vc8^T columns E4M3(vc / (256 s_v)), the last block's vc times
+    LAST_SCALE, column j holding block ``_v_src_token(j, PERM)``, zeros from NB to NB_PAD (the
+    last part)."""
+    bh = tl.program_id(0)
+    part = tl.program_id(1)
+    d = tl.arange(0, HEAD_D)
+    r = tl.arange(0, ROWS)
+    base = bh * NB * HEAD_D
+    mu_k = tl.load(MU_K + bh * HEAD_D + d)
+    mu_v = tl.load(MU_V + bh * HEAD_D + d)
     end = tl.minimum(NB, (part + 1) * CHUNK)
     r0 = part * CHUNK
-    while r0 < end:  # this part's rows of kc and vc
-        j, m, off, ln = _front_rows(base, r0, r, d, end, LENS, HEAD_D)
-        tl.store(KC + off, tl.load(KS + off, mask=m, other=0.0) / ln - mu_k[None, :], mask=m)
-        tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :], mask=m)
-        r0 += ROWS
+    if TILES:
+        amax = tl.max(tl.load(KC_AMAX + bh * HEAD_D + d), axis=0)
+        if SCALE_RECIP:
+            skc = tl.maximum(amax * INV_448, 1e-30)
+        else:
+            skc = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)),
+                             1e-30)
+        if part == 0:
+            tl.store(SKC + bh, skc)
+        sv = 256.0 * tl.load(V_SCALE + bh * HEAD_D + d)
+        tile_end = tl.where(end == NB, NB_PAD, end)
+        while r0 < tile_end:
+            j, m, off, ln = _front_rows(base, r0, r, d, end, LENS, HEAD_D)
+            kc = tl.where(m, tl.load(KS + off, mask=m, other=0.0) / ln - mu_k[None, :], 0.0)
+            tl.store(KC + off, kc, mask=m)
+            tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :],
+                     mask=m)
+            _, k8 = _to_e4m3(tl.math.div_rn(kc, tl.broadcast_to(skc, kc.shape)), HW_ROUND)
+            tl.store(KC8 + (bh * NB_PAD + j)[:, None] * HEAD_D + d[None, :], k8)  # j < NB_PAD
+            src = _v_src_token(j, PERM)  # the block whose vc column j of vc8^T holds
+            sm = (src < NB)[:, None]
+            sln = tl.load(LENS + src, mask=src < NB, other=1.0)[:, None]
+            y = tl.load(VS + base + src[:, None] * HEAD_D + d[None, :], mask=sm, other=0.0)
+            y = tl.where(sm, y - sln * mu_v[None, :], 0.0)  # vc's expression: the same bits
+            y = tl.where((src == NB - 1)[:, None], y * LAST_SCALE, y)
+            _, v8 = _to_e4m3(tl.math.div_rn(y, tl.broadcast_to(sv[None, :], y.shape)), HW_ROUND)
+            tl.store(VC8T + (bh * HEAD_D + d[None, :]) * NB_PAD + j[:, None], v8)
+            r0 += ROWS
+    else:
+        while r0 < end:  # this part's rows of kc and vc
+            j, m, off, ln = _front_rows(base, r0, r, d, end, LENS, HEAD_D)
+            tl.store(KC + off, tl.load(KS + off, mask=m, other=0.0) / ln - mu_k[None, :],
+                     mask=m)
+            tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :],
+                     mask=m)
+            r0 += ROWS
+    if DIAG:
+        kbar = tl.load(KBAR + bh * HEAD_D + d)
+        dvar = tl.load(DVAR + bh * HEAD_D + d)
     g = 0
     while g < GROUP:
         hq = bh * GROUP + g  # the query heads of (batch b, kv head h) are b * H + h * GROUP + g
@@ -307,20 +404,53 @@ def _sol_front_kernel(QS, KS, VS, VMAX, VMIN, LENS, MU_K, MU_V, V_AMAX, KC, VC, 
         g += 1
 
 
+@dataclass(frozen=True)
+class SolFront:
+    """What Sol's routing front makes from the block sums (``sol_front``). mu_k, mu_v, v_amax
+    [B, Hkv, D]; kc, vc [B, Hkv, nb, D]; qbar [B, H, nb, D]; theta [B, H, nb] or None (the exact
+    threshold's, which the list pass takes from the scores' rows); v_scale, v_rcp [B, Hkv, D]:
+    V's channel scales and their reciprocals as ``quantize.quantize_v`` makes them (which then
+    takes them); tiles: the summary route's E4M3 operands (``attention_fp8_ws_lists.
+    SummaryTiles``) when asked."""
+
+    mu_k: torch.Tensor
+    mu_v: torch.Tensor
+    v_amax: torch.Tensor
+    kc: torch.Tensor
+    vc: torch.Tensor
+    qbar: torch.Tensor
+    theta: torch.Tensor | None
+    v_scale: torch.Tensor
+    v_rcp: torch.Tensor
+    tiles: object | None = None
+
+    def twin_values(self) -> tuple:
+        """(mu_k, mu_v, v_amax, kc, vc, qbar, theta): what the torch ops compute."""
+        return (self.mu_k, self.mu_v, self.v_amax, self.kc, self.vc, self.qbar, self.theta)
+
+
 def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *,
-              rows: int = DEFAULT.routing.front_rows, parts: int = DEFAULT.routing.front_parts):
-    """One launch for what ``kv_moments``, ``sol_centred``, ``BlockSums.qbar`` and (diagonal
-    threshold only) ``sol_threshold`` compute from the block sums (those torch ops are its twin;
-    the same values up to the order of FP32 additions): (mu_k, mu_v, v_amax [B, Hkv, D], kc, vc
-    [B, Hkv, nb, D], qbar [B, H, nb, D], theta [B, H, nb] or None). theta: the diagonal
-    threshold's; tau infinite: filled with tau; the exact threshold's: None (``sol_lists`` takes
-    it from the scores' rows, ``sol_routing_fused``). Needs ``block_sums(..., minmax=True)``."""
+              rows: int = DEFAULT.routing.front_rows, parts: int = DEFAULT.routing.front_parts,
+              tiles: bool = False, v_perm: bool = True,
+              channels: int = DEFAULT.routing.front_channels) -> SolFront:
+    """Two launches for what ``kv_moments``, ``sol_centred``, ``BlockSums.qbar``, (diagonal
+    threshold only) ``sol_threshold``, V's channel scales (``quantize_v``) and, with tiles,
+    ``attention_fp8_ws_lists.summary_tiles`` (V^T's columns in P's register order when v_perm,
+    as ``QuantConfig.v_perm``) compute from the block sums (those torch ops are its twin; the
+    same values up to the order of FP32 additions; the tiles and scales bitwise): a program per
+    (K/V head, `channels` channels) for the statistics, then `parts` programs per K/V head for
+    the rows.
+    theta: the diagonal threshold's; tau infinite: filled with tau; the exact threshold's: None
+    (``sol_lists`` takes it from the scores' rows, ``sol_routing_fused``). Needs
+    ``block_sums(..., minmax=True)``."""
     if sums.vmax is None or sums.vmin is None:
         raise ValueError("sol_front: the block sums were taken without minmax=True")
     B, H, nb, D = sums.qsum.shape
     Hkv = sums.ksum.shape[1]
     f32 = {"dtype": torch.float32, "device": sums.qsum.device}
-    mu_k, mu_v, v_amax = (torch.empty((B, Hkv, D), **f32) for _ in range(3))
+    vec = torch.empty((7, B, Hkv, D), **f32)
+    mu_k, mu_v, v_amax, kbar, dvar, kc_amax, v_scale = vec.unbind(0)
+    v_rcp = torch.empty((B, Hkv, D), **f32)
     kc, vc = torch.empty_like(sums.ksum), torch.empty_like(sums.vsum)
     qbar = torch.empty_like(sums.qsum)
     tau_inf = not math.isfinite(recipe.sol_tau)
@@ -330,16 +460,38 @@ def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *,
         theta = torch.full((B, H, nb), recipe.sol_tau, **f32)
     elif diag:
         theta = torch.empty((B, H, nb), **f32)
-    # parts: programs per K/V head, each with a share of the rows (the statistics read by all;
-    # measured values: RoutingConfig.front_parts / front_rows)
-    chunk = triton.cdiv(triton.cdiv(nb, parts), rows) * rows
-    _sol_front_kernel[(B * Hkv, triton.cdiv(nb, chunk))](
-        sums.qsum, sums.ksum, sums.vsum, sums.vmax, sums.vmin, sums.lens, mu_k, mu_v, v_amax,
-        kc, vc, qbar, theta if diag else qbar, float(sums.seq_len), nb, H // Hkv, chunk,
-        recipe.sol_tau if diag else 0.0, scale * LOG2E,
-        HEAD_D=D, ROWS=rows, SMOOTH_K=recipe.smooth_k, SMOOTH_V=recipe.smooth_v, DIAG=diag,
+    interp = interpreting()
+    ch = min(channels, D)
+    _sol_stats_kernel[(B * Hkv, D // ch)](
+        sums.ksum, sums.vsum, sums.vmax, sums.vmin, sums.lens, mu_k, mu_v, v_amax, kbar, dvar,
+        kc_amax, v_scale, v_rcp, float(sums.seq_len), nb,
+        HEAD_D=D, CH=ch, ROWS=rows, SMOOTH_K=recipe.smooth_k, SMOOTH_V=recipe.smooth_v,
+        DIAG=diag, SCALE_RECIP=not interp,
     )
-    return mu_k, mu_v, v_amax, kc, vc, qbar, theta
+    summary = None
+    if tiles:
+        from .attention_fp8_ws_lists import SummaryTiles, last_block_rows
+
+        nb_pad = triton.cdiv(nb, 128) * 128
+        f8 = torch.float8_e4m3fn
+        n_last = last_block_rows(sums.seq_len)
+        summary = SummaryTiles(torch.empty((B, Hkv, nb_pad, D), dtype=f8, device=kc.device),
+                               torch.empty((B, Hkv, D, nb_pad), dtype=f8, device=kc.device),
+                               torch.empty((B * Hkv,), **f32), math.log2(n_last / 64),
+                               v_scale, v_perm)
+    # parts: programs per K/V head, each a share of the rows (RoutingConfig.front_parts)
+    chunk = triton.cdiv(triton.cdiv(nb, parts), rows) * rows
+    t8 = (summary.kc8, summary.vc8t, summary.skc) if tiles else (kc, kc, kc)
+    _sol_rows_kernel[(B * Hkv, triton.cdiv(nb, chunk))](
+        sums.qsum, sums.ksum, sums.vsum, sums.lens, mu_k, mu_v, kbar, dvar, kc_amax, v_scale,
+        kc, vc, qbar, theta if diag else qbar, *t8, nb,
+        summary.kc8.shape[2] if tiles else nb, H // Hkv, chunk,
+        recipe.sol_tau if diag else 0.0, scale * LOG2E,
+        64.0 / last_block_rows(sums.seq_len) if tiles else 1.0,
+        HEAD_D=D, ROWS=rows, DIAG=diag, TILES=tiles, PERM=v_perm, SCALE_RECIP=not interp,
+        HW_ROUND=not interp,
+    )
+    return SolFront(mu_k, mu_v, v_amax, kc, vc, qbar, theta, v_scale, v_rcp, summary)
 
 
 @dataclass(frozen=True)
@@ -352,6 +504,9 @@ class BlockRouting:
     sums of the smoothed V; lens [nk] FP32 block lengths (VSA: kc = vc = None). dense_rows: the
     leading query blocks of every head routed to every key block (``prefix_blocks_exact``), known
     on the host so that the kernel can start their long lists first without reading counts.
+    From Sol's front (``sol_routing_fused``): tiles, the summary route's E4M3 operands
+    (``attention_fp8_ws_lists.SummaryTiles``) when asked; v_scales, V's channel scales and
+    their reciprocals [B, Hkv, D] (``quantize.quantize_v``'s, which then takes them).
     """
 
     blocks: torch.Tensor
@@ -362,6 +517,8 @@ class BlockRouting:
     kc: torch.Tensor | None = None
     vc: torch.Tensor | None = None
     dense_rows: int = 0
+    tiles: object | None = None
+    v_scales: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.dense_rows <= self.exact.shape[-2]:
@@ -657,10 +814,13 @@ def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
                       layout: SegmentLayout | None = None, scale: float | None = None,
-                      config: RoutingConfig = DEFAULT.routing):
-    """``sol_routing`` from block sums taken with ``minmax=True``, its front in one launch
+                      config: RoutingConfig = DEFAULT.routing, tiles: bool = False,
+                      v_perm: bool = True):
+    """``sol_routing`` from block sums taken with ``minmax=True``, its front in two launches
     (``sol_front``; ``RoutingConfig.sol_front="triton"``): (mu_k, mu_v, v_amax [B, Hkv, D],
-    BlockRouting). The scores and lists as in ``sol_routing``."""
+    BlockRouting with V's channel scales and, with tiles, the summary route's E4M3 operands,
+    V^T's columns in P's register order when v_perm). The scores and lists as in
+    ``sol_routing``."""
     recipe = _recipe_for(recipe, "sol")
     if sums.block != recipe.sol_block:
         raise ValueError(f"sums: block {sums.block} does not match the recipe's sol_block "
@@ -668,18 +828,33 @@ def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
     layout = _layout_for(layout, sums.seq_len)
     D = sums.qsum.shape[-1]
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    mu_k, mu_v, v_amax, kc, vc, qbar, theta = sol_front(
-        sums, recipe, scale, rows=config.front_rows, parts=config.front_parts)
-    group = qbar.shape[1] // kc.shape[1]
-    scores = (qbar @ _expand(kc, group).transpose(-1, -2)) * (scale * LOG2E)  # as sol_scores
+    f = sol_front(sums, recipe, scale, rows=config.front_rows, parts=config.front_parts,
+                  tiles=tiles, v_perm=v_perm, channels=config.front_channels)
+    theta = f.theta
+    scores = coarse_scores(f.qbar, f.kc, scale * LOG2E)
     dense_rows = prefix_query_blocks(recipe, layout.prefix_len, recipe.sol_block,
                                      scores.shape[-2])
     blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
                                       sink_blocks(layout.prefix_len, recipe.sol_block),
                                       tau=recipe.sol_tau if theta is None else None,
                                       exact_rows=dense_rows, config=config)
-    return mu_k, mu_v, v_amax, BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens,
-                                            kc, vc, dense_rows)
+    return f.mu_k, f.mu_v, f.v_amax, BlockRouting(
+        blocks, counts, exact, recipe.sol_block, sums.lens, f.kc, f.vc, dense_rows,
+        tiles=f.tiles, v_scales=(f.v_scale, f.v_rcp))
+
+
+def coarse_scores(qbar: torch.Tensor, kc: torch.Tensor, c: float) -> torch.Tensor:
+    """``sol_scores``' scores qbar . kc_j * c: qbar [B, H, nq, D], kc [B, Hkv, nk, D] FP32 ->
+    [B, H, nq, nk]. One batched FP32 GEMM with c as its alpha (not a GEMM and a scaling launch:
+    28 us of a 5.6 ms call at the H3 shape, H200); a K/V head's query heads are consecutive
+    rows of one product, so kc is not copied per query head."""
+    B, H, nq, D = qbar.shape
+    Hkv, nk = kc.shape[1], kc.shape[2]
+    scores = torch.empty((B, H, nq, nk), dtype=torch.float32, device=qbar.device)
+    scores.view(B * Hkv, H // Hkv * nq, nk).baddbmm_(
+        qbar.reshape(B * Hkv, H // Hkv * nq, D), kc.reshape(B * Hkv, nk, D).transpose(1, 2),
+        beta=0.0, alpha=c)
+    return scores
 
 
 def vsa_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
