@@ -110,8 +110,11 @@ class QuantConfig:
     # rounds, the same codes): 0.624 / 0.434 / 0.427 / 0.556 ms at 2 / 4 / 8 / 16 warps, with
     # div_rn; with div_exact (2026-12-02) 0.191 (Q) + 0.205 (K) ms at 8, others not re-measured
     qk_warps: int = 8
-    # Q's codes with its 64-token block sums in one read (a sparse call): warps per program
-    q_sums_warps: int = 8
+    # Q's codes with its 64-token block sums in one read (a sparse call): warps per program.
+    # H200, H3 shape, 2026-12-03 (do_bench medians): 0.222 / 0.255 / 0.409 / 0.716 ms at 2 / 4 /
+    # 8 / 16 warps (the column sums' reduction across warps costs registers and barriers);
+    # Q's codes alone at 8 warps 0.192, the block sums of Q, K and V 0.353
+    q_sums_warps: int = 2
     v_rows: int = 64  # tokens per V program (one tile, transposed as the 16-bit tile)
     v_warps: int = 4
     corr_rows: int = 4  # channels of V^T summed per correction program
@@ -309,7 +312,8 @@ class RoutingConfig:
     of key blocks); list_warps per program.
     sol_front: how a sparse Sol call gets mu_K, mu_V, V's absmax, kc, vc, the query block means
     and theta from the block sums: "torch" (about thirty small launches, the twin's own ops) or
-    "triton" (``routing.sol_routing_fused``: one launch, a program per K/V head, the exact
+    "triton" (``routing.sol_routing_fused``: its own launches (one then, two since the
+    statistics were taken once per head, not by every program of it), the exact
     threshold taken by the list pass from the scores' rows as their mean + tau x their standard
     deviation, which it equals; the same values up to FP32 rounding). H200, H3 shape, 2026-12-01
     (medians of interleaved rounds, whole Sol calls): 9.479 vs 9.849 ms at tau 1, 7.551 vs
@@ -317,10 +321,16 @@ class RoutingConfig:
     10.376); the routing's small launches 0.469 vs 0.620 ms of GPU time; the same decisions as
     the torch front at the H3 shape (0 of 14.6 M pairs differ) and the same accuracy.
     front_parts / front_rows: the front's row launch's programs per K/V head (each a share of
-    the block rows) and rows per step (H200, H3 shape, when the front was one launch whose every
-    program also read the statistics: 0.122 / 0.098 / 0.093 / 0.116 / 0.231 ms at 1 / 2 / 4 /
-    8 / 16 parts of 32 rows, the same bits). front_channels: channels per program of the
-    front's statistics launch (a program per K/V head and channel group, over all block rows).
+    the block rows) and rows per step, for both launches (H200, H3 shape, when the front was one
+    launch whose every program also read the statistics: 0.122 / 0.098 / 0.093 / 0.116 / 0.231
+    ms at 1 / 2 / 4 / 8 / 16 parts of 32 rows, the same bits). front_channels: channels per
+    program of the front's statistics launch (a program per K/V head and channel group, over
+    all block rows). Both launches with the summary tiles, H200, H3 shape, 2026-12-03, do_bench
+    medians (L2 flushed: the block sums come from HBM; in a call they are partly in L2, 0.083
+    ms there): 0.093 ms at 16 channels x 64 rows x 4 parts, 0.097 at 8 x 64, 0.150 at 16 x 16,
+    0.183 / 0.223 / 0.245 / 0.237 at 8 / 16 / 32 / 64 channels x 32 rows, 0.154 / 0.152 at 2
+    / 8 parts of 16 x 32 (the one launch plus the summary operands' launch it replaced: 0.091 +
+    0.067 ms in a call).
     """
 
     block_rows: int = 2
@@ -330,10 +340,13 @@ class RoutingConfig:
     list_warps: int = 4
     sol_front: str = "triton"
     front_parts: int = 4
-    front_rows: int = 32
-    front_channels: int = 32
+    front_rows: int = 64
+    front_channels: int = 16
     # a sparse FP8 call makes Q's codes in the read that sums Q's blocks (quantize_tokens with
-    # sums) instead of summing Q with K and V and quantizing it in a second read
+    # sums) instead of summing Q with K and V and quantizing it in a second read. H200, H3
+    # shape, 2026-12-03: 0.227 + 0.247 ms (Q's codes and sums, then K / V's sums) against 0.353
+    # + 0.192 in one call's timeline; whole Sol calls (BENCHMARKS.md, twenty-fifth round) 5.917
+    # vs 6.003 ms at density 0.1, 7.730 vs 7.804 at 0.149, level at 0.2-0.5
     q_codes: bool = True
 
     def __post_init__(self) -> None:

@@ -16,8 +16,10 @@ Which part runs where:
   [B, H, nq, nk] (nq = nk = 510 at the H3 shape) and Sol's thresholds theta [B, H, nq] (the
   twin's own ``sol_scores``, so the decisions are the twin's given the same sums). A sparse Sol
   call (``RoutingConfig.sol_front="triton"``, the default: ``sol_routing_fused``) makes all of
-  it but the scores' matmul in one launch (``_sol_front_kernel``, 0.09 ms at the H3 shape on
-  the H200 against about thirty torch launches) and has the list pass take the exact threshold
+  it but the scores' matmul in two launches (``_sol_stats_kernel``: the statistics once per
+  K/V head and channel group; ``_sol_rows_kernel``: the rows, with V's channel scales and the
+  summary tiles' E4M3 operands, which the quantizer and the list kernel then take) and has the
+  list pass take the exact threshold
   from each row of scores (their mean + tau x their standard deviation, which
   ``sol_threshold``'s covariance form equals): the same decisions up to rounding ties.
 - Triton (``_lists_kernel``, one pass, ``RoutingConfig.list_rows`` list rows (b, h, i) per
