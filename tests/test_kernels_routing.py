@@ -263,11 +263,22 @@ def test_sol_front_in_one_launch_equals_the_torch_front(S, H, Hkv, D, name, pref
     front = full.twin_values()
     # several programs per K/V head, each a share of the rows: the same bits as one (at the
     # same ROWS, so the same order of additions)
-    one = routing.sol_front(sums, rec, scale, rows=4, parts=1)
-    parts = routing.sol_front(sums, rec, scale, rows=4, parts=3)
-    for a, b in zip(one.twin_values() + (one.v_scale, one.v_rcp),
-                    parts.twin_values() + (parts.v_scale, parts.v_rcp)):
+    one = routing.sol_front(sums, rec, scale, rows=4, parts=1, tiles=True)
+    parts = routing.sol_front(sums, rec, scale, rows=4, parts=3, tiles=True)
+    # the summary tiles too (the last part writes their padding)
+    for a, b in zip(one.twin_values() + (one.v_scale, one.v_rcp, one.tiles.skc),
+                    parts.twin_values() + (parts.v_scale, parts.v_rcp, parts.tiles.skc)):
         assert (a is None and b is None) or torch.equal(a, b)
+    for t in ("kc8", "vc8t"):
+        assert torch.equal(getattr(one.tiles, t).float(), getattr(parts.tiles, t).float()), t
+    # 256 rows per step: the last step runs past the tiles' 128-block padding (masked stores;
+    # other sums' order, so compared with its own kc)
+    wide = routing.sol_front(sums, rec, scale, rows=256, parts=1, tiles=True)
+    nk = wide.kc.shape[2]
+    skc = wide.tiles.skc.view(wide.kc.shape[0], wide.kc.shape[1], 1, 1)
+    assert torch.equal(wide.tiles.kc8[:, :, :nk].float(),
+                       (wide.kc / skc).to(torch.float8_e4m3fn).float())
+    assert not wide.tiles.kc8[:, :, nk:].float().any()
     # V's channel scales: the quantizer's own, bitwise, from the front's absmax
     assert all(torch.equal(a, b) for a, b in zip((full.v_scale, full.v_rcp),
                                                  v_channel_scales(full.v_amax)))

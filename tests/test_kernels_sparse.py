@@ -313,6 +313,12 @@ def test_summary_tiles_round_the_route_operands_as_documented():
             assert torch.equal(getattr(r.tiles, name).float(), getattr(want, name).float()), \
                 (name, perm)
         assert r.tiles.last_log2 == want.last_log2
+    # the whole call with Q summed with K and V (RoutingConfig.q_codes off) against the default
+    # (Q's codes and sums in one read): the same routing here, so the same output
+    off = DEFAULT.from_overrides({"routing": {"q_codes": False}})
+    a = dispatch.fp8_recipe_attention(q, k, v, rec, layout=layout)
+    b = dispatch.fp8_recipe_attention(q, k, v, rec, layout=layout, config=off)
+    assert torch.equal(a, b) and float(a.float().abs().max()) > 0
 
 
 def test_sparse_config_rules_and_refusals():
@@ -344,6 +350,10 @@ def test_ws_query_order_groups_blocks_of_like_list_length():
                          dtype=torch.int32)
     want = torch.argsort(many.reshape(3, 70), dim=1, descending=True, stable=True)
     assert torch.equal(query_order(many, "by_length").long(), want)
+    longer = torch.randint(0, 40, (2, 1, 1100), generator=torch.Generator().manual_seed(3),
+                           dtype=torch.int32)  # more blocks than one comparison step (512)
+    want = torch.argsort(longer.reshape(2, 1100), dim=1, descending=True, stable=True)
+    assert torch.equal(query_order(longer, "by_length").long(), want)
     with pytest.raises(ValueError, match="grouping"):
         query_order(counts, "random")
 

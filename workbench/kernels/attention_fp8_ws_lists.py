@@ -632,9 +632,10 @@ def query_order(counts: torch.Tensor, grouping: str) -> torch.Tensor:
         # H200); its twin: torch.argsort(counts, dim=-1, descending=True, stable=True)
         rows = counts.reshape(-1, nq).contiguous()
         order = torch.empty_like(rows, dtype=torch.int32)
-        chunk = 32
+        chunk = 32  # query blocks per program; each compares them with NQ_P blocks per step
         _by_length_kernel[(rows.shape[0], triton.cdiv(nq, chunk))](
-            rows, order, nq, NQ_P=triton.next_power_of_2(nq), CHUNK=chunk, num_warps=4)
+            rows, order, nq, NQ_P=min(triton.next_power_of_2(nq), 512), CHUNK=chunk,
+            num_warps=4)
         return order
     raise ValueError(f"grouping: {grouping!r}; choose 'consecutive' or 'by_length'")
 
@@ -643,15 +644,20 @@ def query_order(counts: torch.Tensor, grouping: str) -> torch.Tensor:
 def _by_length_kernel(COUNTS, ORDER, NQ, NQ_P: tl.constexpr, CHUNK: tl.constexpr):
     """Program (r, c) = query blocks i in [c * CHUNK, (c + 1) * CHUNK) of list row r of COUNTS
     [R, NQ] int32: ORDER[r, rank(i)] = i, rank(i) = the query blocks with a longer list, or as
-    long and earlier (a stable descending sort; each program compares its blocks with all)."""
+    long and earlier (a stable descending sort; each program compares its blocks with all, NQ_P
+    at a time)."""
     r = tl.program_id(0)
-    j = tl.arange(0, NQ_P)
-    cj = tl.load(COUNTS + r * NQ + j, mask=j < NQ, other=-1)  # padding ranks after all
     i = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     ci = tl.load(COUNTS + r * NQ + i, mask=i < NQ, other=0)
-    before = (cj[None, :] > ci[:, None]) | ((cj[None, :] == ci[:, None])
-                                            & (j[None, :] < i[:, None]))
-    rank = tl.sum(before.to(tl.int32), axis=1)
+    rank = tl.zeros([CHUNK], tl.int32)
+    j0 = 0
+    while j0 < NQ:  # `while`: run-time `for` bounds fail in triton 3.6's interpreter
+        j = j0 + tl.arange(0, NQ_P)
+        cj = tl.load(COUNTS + r * NQ + j, mask=j < NQ, other=-1)  # padding ranks after all
+        before = (cj[None, :] > ci[:, None]) | ((cj[None, :] == ci[:, None])
+                                                & (j[None, :] < i[:, None]))
+        rank += tl.sum(before.to(tl.int32), axis=1)
+        j0 += NQ_P
     tl.store(ORDER + r * NQ + rank, i, mask=i < NQ)
 
 

@@ -174,11 +174,14 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
         fused_q = config.routing.q_codes and not is_bf16_sparse(recipe)
         sums = sparse_block_sums(q, k, v, config.routing,
                                  q_codes=config.quant if fused_q else None)
-        # FP8 Sol: the front also makes V's channel scales and the summary tiles' operands
+        # FP8 Sol: the front also makes V's channel scales and, where the list kernel will
+        # take them (a compiled warp-specialized launch, head dim 128), the summary tiles
         fp8 = not is_bf16_sparse(recipe)
+        tiles = (fp8 and config.sparse.summary_kernel == "fp8_tiles" and q.is_cuda
+                 and config.sparse.schedule == "warp_specialized" and q.shape[-1] == 128
+                 and not interpreting())
         mu_k, mu_v, v_amax, route = routing_given_sums(
-            q, k, v, recipe, layout, scale, sums, config.routing,
-            tiles=fp8 and config.sparse.summary_kernel == "fp8_tiles",
+            q, k, v, recipe, layout, scale, sums, config.routing, tiles=tiles,
             v_perm=config.quant.v_perm)
         if sums.q8 is not None:
             q_codes = (sums.q8, sums.q_scale)

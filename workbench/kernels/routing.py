@@ -367,7 +367,9 @@ def _sol_rows_kernel(QS, KS, VS, LENS, MU_K, MU_V, KBAR, DVAR, KC_AMAX, V_SCALE,
             tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :],
                      mask=m)
             _, k8 = _to_e4m3(tl.math.div_rn(kc, tl.broadcast_to(skc, kc.shape)), HW_ROUND)
-            tl.store(KC8 + (bh * NB_PAD + j)[:, None] * HEAD_D + d[None, :], k8)  # j < NB_PAD
+            # masked: with ROWS > 128 the last step passes NB_PAD (a multiple of 128)
+            t_ok = (j < NB_PAD)[:, None]
+            tl.store(KC8 + (bh * NB_PAD + j)[:, None] * HEAD_D + d[None, :], k8, mask=t_ok)
             src = _v_src_token(j, PERM)  # the block whose vc column j of vc8^T holds
             sm = (src < NB)[:, None]
             sln = tl.load(LENS + src, mask=src < NB, other=1.0)[:, None]
@@ -375,7 +377,7 @@ def _sol_rows_kernel(QS, KS, VS, LENS, MU_K, MU_V, KBAR, DVAR, KC_AMAX, V_SCALE,
             y = tl.where(sm, y - sln * mu_v[None, :], 0.0)  # vc's expression: the same bits
             y = tl.where((src == NB - 1)[:, None], y * LAST_SCALE, y)
             _, v8 = _to_e4m3(tl.math.div_rn(y, tl.broadcast_to(sv[None, :], y.shape)), HW_ROUND)
-            tl.store(VC8T + (bh * HEAD_D + d[None, :]) * NB_PAD + j[:, None], v8)
+            tl.store(VC8T + (bh * HEAD_D + d[None, :]) * NB_PAD + j[:, None], v8, mask=t_ok)
             r0 += ROWS
     else:
         while r0 < end:  # this part's rows of kc and vc
