@@ -111,7 +111,7 @@ class QuantConfig:
     # div_rn; with div_exact (2026-12-02) 0.191 (Q) + 0.205 (K) ms at 8, others not re-measured
     qk_warps: int = 8
     # Q's codes with its 64-token block sums in one read (a sparse call): warps per program.
-    # H200, H3 shape, 2026-12-03 (do_bench medians): 0.222 / 0.255 / 0.409 / 0.716 ms at 2 / 4 /
+    # H200, H3 shape, 2026-12-03 (do_bench medians): 0.222 / 0.255 / 0.408 / 0.716 ms at 2 / 4 /
     # 8 / 16 warps (the column sums' reduction across warps costs registers and barriers);
     # Q's codes alone at 8 warps 0.192, the block sums of Q, K and V 0.353
     q_sums_warps: int = 2

@@ -374,7 +374,7 @@ def quantize_tokens(x: torch.Tensor, mu: torch.Tensor | None = None, *,
 def v_channel_scales(v_amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(scales, reciprocals) [B, Hkv, D] of V's channels from their absmax: absmax / 448 (1
     where 0) and RN(1 / s) (torch's CUDA reciprocal divides exactly), of s * DIV_RESCALE where
-    s < DIV_EXACT_MIN: what ``_quant_v_kernel``'s div_exact divides by. Seven small launches;
+    s < DIV_EXACT_MIN: what ``_quant_v_kernel``'s div_exact divides by. Eight small launches;
     a sparse Sol call has its routing front make them (``routing.sol_front``)."""
     v_scale = torch.where(v_amax > 0, v_amax / 448.0, torch.ones_like(v_amax))
     small = v_scale < DIV_EXACT_MIN.value
