@@ -313,12 +313,6 @@ def test_summary_tiles_round_the_route_operands_as_documented():
             assert torch.equal(getattr(r.tiles, name).float(), getattr(want, name).float()), \
                 (name, perm)
         assert r.tiles.last_log2 == want.last_log2
-    # the whole call with Q summed with K and V (RoutingConfig.q_codes off) against the default
-    # (Q's codes and sums in one read): the same routing here, so the same output
-    off = DEFAULT.from_overrides({"routing": {"q_codes": False}})
-    a = dispatch.fp8_recipe_attention(q, k, v, rec, layout=layout)
-    b = dispatch.fp8_recipe_attention(q, k, v, rec, layout=layout, config=off)
-    assert torch.equal(a, b) and float(a.float().abs().max()) > 0
 
 
 def test_sparse_config_rules_and_refusals():

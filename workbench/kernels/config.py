@@ -342,12 +342,6 @@ class RoutingConfig:
     front_parts: int = 4
     front_rows: int = 64
     front_channels: int = 16
-    # a sparse FP8 call makes Q's codes in the read that sums Q's blocks (quantize_tokens with
-    # sums) instead of summing Q with K and V and quantizing it in a second read. H200, H3
-    # shape, 2026-12-03: 0.227 + 0.247 ms (Q's codes and sums, then K / V's sums) against 0.353
-    # + 0.192 in one call's timeline; whole Sol calls (BENCHMARKS.md, twenty-fifth round) 5.917
-    # vs 6.003 ms at density 0.1, 7.730 vs 7.804 at 0.149, level at 0.2-0.5
-    q_codes: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_rows", "block_warps", "group_heads", "list_rows", "front_rows",

@@ -170,10 +170,13 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
                       config=config.stats)
         mu_k, mu_v, v_amax = st.mu_k, st.mu_v, st.v_amax
     else:
-        # FP8: Q's codes come from the read that sums Q's blocks (Q is read once, not twice)
-        fused_q = config.routing.q_codes and not is_bf16_sparse(recipe)
+        # FP8: Q's codes come from the read that sums Q's blocks (Q is read once, not twice;
+        # H200, H3 shape, 2026-12-03: 0.227 + 0.247 ms for Q's codes and sums, then K / V's
+        # sums, against 0.353 + 0.192 for the three operands' sums and Q's codes; whole Sol
+        # calls 5.917 vs 6.003 ms at density 0.1, level at 0.2-0.5; the option to sum Q with K
+        # and V in FP8 calls is at ed0c231, RoutingConfig.q_codes)
         sums = sparse_block_sums(q, k, v, config.routing,
-                                 q_codes=config.quant if fused_q else None)
+                                 q_codes=None if is_bf16_sparse(recipe) else config.quant)
         # FP8 Sol: the front also makes V's channel scales and, where the list kernel will
         # take them (a compiled warp-specialized launch, head dim 128), the summary tiles
         fp8 = not is_bf16_sparse(recipe)
