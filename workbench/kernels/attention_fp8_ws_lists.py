@@ -102,7 +102,7 @@ from .attention_fp8_ws import (
     descriptors,
 )
 from .e4m3 import interpreting
-from .quantize import INV_448, _to_e4m3, _v_src_token, v_token_order
+from .quantize import _v_src_token, over_448, summary_tile_rows, v_token_order
 
 
 @gluon.jit
@@ -755,10 +755,7 @@ def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD, LAST_SCALE,
         amax = tl.maximum(amax, tl.abs(x))
         r0 += ROWS
     amax = tl.max(tl.max(amax, axis=1), axis=0)
-    if SCALE_RECIP:
-        skc = tl.maximum(amax * INV_448, 1e-30)
-    else:
-        skc = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1e-30)
+    skc = tl.maximum(over_448(amax, SCALE_RECIP), 1e-30)
     tl.store(SKC + bh, skc)
     sv = 256.0 * tl.load(VS + bh * HEAD_D + d)
     r0 = 0
@@ -766,14 +763,11 @@ def _summary_operands_kernel(KC, VC, VS, KC8, VC8T, SKC, NK, NK_PAD, LAST_SCALE,
         j = r0 + r
         x = tl.load(KC + (bh * NK + j)[:, None] * HEAD_D + d[None, :], mask=(j < NK)[:, None],
                     other=0.0)
-        _, k8 = _to_e4m3(tl.math.div_rn(x, tl.broadcast_to(skc, x.shape)), HW_ROUND)
-        tl.store(KC8 + (bh * NK_PAD + j)[:, None] * HEAD_D + d[None, :], k8)
         src = _v_src_token(j, PERM)
         y = tl.load(VC + (bh * NK + src)[:, None] * HEAD_D + d[None, :],
                     mask=(src < NK)[:, None], other=0.0)
-        y = tl.where((src == NK - 1)[:, None], y * LAST_SCALE, y)
-        _, v8 = _to_e4m3(tl.math.div_rn(y, tl.broadcast_to(sv[None, :], y.shape)), HW_ROUND)
-        tl.store(VC8T + (bh * HEAD_D + d[None, :]) * NK_PAD + j[:, None], v8)
+        summary_tile_rows(KC8, VC8T, bh, j, d, x, y, src, NK, NK_PAD, skc, sv, LAST_SCALE,
+                          HEAD_D, HW_ROUND)
         r0 += ROWS
 
 

@@ -175,21 +175,18 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
         # sums, against 0.353 + 0.192 for the three operands' sums and Q's codes; whole Sol
         # calls 5.917 vs 6.003 ms at density 0.1, level at 0.2-0.5; the option to sum Q with K
         # and V in FP8 calls is at ed0c231, RoutingConfig.q_codes)
-        sums = sparse_block_sums(q, k, v, config.routing,
-                                 q_codes=None if is_bf16_sparse(recipe) else config.quant)
+        fp8 = not is_bf16_sparse(recipe)
+        sums = sparse_block_sums(q, k, v, config.routing, q_codes=config.quant if fp8 else None)
         # FP8 Sol: the front also makes V's channel scales and, where the list kernel will
         # take them (a compiled warp-specialized launch, head dim 128), the summary tiles
-        fp8 = not is_bf16_sparse(recipe)
         tiles = (fp8 and config.sparse.summary_kernel == "fp8_tiles" and q.is_cuda
                  and config.sparse.schedule == "warp_specialized" and q.shape[-1] == 128
                  and not interpreting())
         mu_k, mu_v, v_amax, route = routing_given_sums(
             q, k, v, recipe, layout, scale, sums, config.routing, tiles=tiles,
             v_perm=config.quant.v_perm)
-        if sums.q8 is not None:
-            q_codes = (sums.q8, sums.q_scale)
         if fp8:
-            v_scales = route.v_scales
+            q_codes, v_scales = (sums.q8, sums.q_scale), route.v_scales
     if is_bf16_sparse(recipe):
         qkv = bf16_operands(q, k, v)
     else:

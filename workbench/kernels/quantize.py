@@ -132,11 +132,7 @@ def block_quant(x, SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
     quotient is ``div_exact`` of one reciprocal per tile (scale >= 2^-64): the same bits,
     fewer instructions."""
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    if SCALE_RECIP:
-        scale = tl.where(amax > 0, amax * INV_448, 1.0)
-    else:
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)),
-                         1.0)
+    scale = tl.where(amax > 0, over_448(amax, SCALE_RECIP), 1.0)
     if HW_ROUND:
         if scale >= DIV_EXACT_MIN:
             rcp = libdevice.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
@@ -147,6 +143,31 @@ def block_quant(x, SCALE_RECIP: tl.constexpr, HW_ROUND: tl.constexpr):
         y = tl.math.div_rn(x, tl.broadcast_to(scale, x.shape))
     _, q8 = _to_e4m3(y, HW_ROUND)
     return q8, scale
+
+
+@triton.jit
+def over_448(amax, SCALE_RECIP: tl.constexpr):
+    """amax / 448 rounded as torch's ``amax / 448.0`` on the same device (``block_quant`` says
+    why): times fl(1/448) with SCALE_RECIP (the GPU), an IEEE division without (the CPU)."""
+    if SCALE_RECIP:
+        return amax * INV_448
+    else:
+        return tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+
+
+@triton.jit
+def summary_tile_rows(KC8, VC8T, bh, j, d, kc, vc_src, src, NK, NK_PAD, skc, sv, LAST_SCALE,
+                      HEAD_D: tl.constexpr, HW_ROUND: tl.constexpr):
+    """Rows j [ROWS] of Sol's summary tiles for K/V head bh: kc8 rows E4M3(kc / skc) and vc8^T
+    columns E4M3(vc / sv) of blocks src (``_v_src_token(j)``; the last block's vc, NK - 1,
+    times LAST_SCALE first); kc, vc_src [ROWS, HEAD_D] FP32 (zeros past NK), sv [HEAD_D] = 256
+    s_v. Stores at j < NK_PAD of KC8 [.., NK_PAD, D] and VC8T [.., D, NK_PAD]."""
+    ok = (j < NK_PAD)[:, None]
+    _, k8 = _to_e4m3(tl.math.div_rn(kc, tl.broadcast_to(skc, kc.shape)), HW_ROUND)
+    tl.store(KC8 + (bh * NK_PAD + j)[:, None] * HEAD_D + d[None, :], k8, mask=ok)
+    y = tl.where((src == NK - 1)[:, None], vc_src * LAST_SCALE, vc_src)
+    _, v8 = _to_e4m3(tl.math.div_rn(y, tl.broadcast_to(sv[None, :], y.shape)), HW_ROUND)
+    tl.store(VC8T + (bh * HEAD_D + d[None, :]) * NK_PAD + j[:, None], v8, mask=ok)
 
 
 @triton.jit

@@ -71,11 +71,11 @@ from .e4m3 import interpreting
 from .quantize import (
     DIV_EXACT_MIN,
     DIV_RESCALE,
-    INV_448,
     QK_BLOCK,
-    _to_e4m3,
     _v_src_token,
+    over_448,
     quantize_tokens,
+    summary_tile_rows,
 )
 
 
@@ -131,9 +131,9 @@ def _block_sums_kernel(
     the block's length LENS[blk] (FP32)."""
     blk = tl.program_id(0)
     bg = tl.program_id(1)
-    w = tl.program_id(2) + w0
-    if (bg == 0) & (w == w0):
+    if (bg == 0) & (tl.program_id(2) == 0):
         tl.store(LENS + blk, tl.minimum(S - blk * BLOCK, BLOCK).to(tl.float32))
+    w = tl.program_id(2) + w0
     n_g = tl.maximum(n_groups_q, n_groups_kv)
     b = bg // n_g
     g = bg % n_g
@@ -301,11 +301,7 @@ def _sol_stats_kernel(KS, VS, VMAX, VMIN, LENS, MU_K, MU_V, V_AMAX, KBAR, DVAR, 
     tl.store(MU_V + o, mu_v)
     v_amax = tl.maximum(tl.abs(hi - mu_v), tl.abs(lo - mu_v))
     tl.store(V_AMAX + o, v_amax)
-    if SCALE_RECIP:  # as torch's CUDA `amax / 448.0` (``quantize.block_quant`` says why)
-        v_scale = tl.where(v_amax > 0, v_amax * INV_448, 1.0)
-    else:
-        v_scale = tl.where(v_amax > 0, tl.math.div_rn(v_amax, tl.full([CH], 448.0, tl.float32)),
-                           1.0)
+    v_scale = tl.where(v_amax > 0, over_448(v_amax, SCALE_RECIP), 1.0)
     tl.store(V_SCALE + o, v_scale)
     tl.store(V_RCP + o, tl.math.div_rn(tl.full([CH], 1.0, tl.float32),
                                        tl.where(v_scale < DIV_EXACT_MIN, v_scale * DIV_RESCALE,
@@ -351,11 +347,7 @@ def _sol_rows_kernel(QS, KS, VS, LENS, MU_K, MU_V, KBAR, DVAR, KC_AMAX, V_SCALE,
     r0 = part * CHUNK
     if TILES:
         amax = tl.max(tl.load(KC_AMAX + bh * HEAD_D + d), axis=0)
-        if SCALE_RECIP:
-            skc = tl.maximum(amax * INV_448, 1e-30)
-        else:
-            skc = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)),
-                             1e-30)
+        skc = tl.maximum(over_448(amax, SCALE_RECIP), 1e-30)
         if part == 0:
             tl.store(SKC + bh, skc)
         sv = 256.0 * tl.load(V_SCALE + bh * HEAD_D + d)
@@ -366,18 +358,14 @@ def _sol_rows_kernel(QS, KS, VS, LENS, MU_K, MU_V, KBAR, DVAR, KC_AMAX, V_SCALE,
             tl.store(KC + off, kc, mask=m)
             tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :],
                      mask=m)
-            _, k8 = _to_e4m3(tl.math.div_rn(kc, tl.broadcast_to(skc, kc.shape)), HW_ROUND)
-            # masked: with ROWS > 128 the last step passes NB_PAD (a multiple of 128)
-            t_ok = (j < NB_PAD)[:, None]
-            tl.store(KC8 + (bh * NB_PAD + j)[:, None] * HEAD_D + d[None, :], k8, mask=t_ok)
             src = _v_src_token(j, PERM)  # the block whose vc column j of vc8^T holds
             sm = (src < NB)[:, None]
             sln = tl.load(LENS + src, mask=src < NB, other=1.0)[:, None]
             y = tl.load(VS + base + src[:, None] * HEAD_D + d[None, :], mask=sm, other=0.0)
             y = tl.where(sm, y - sln * mu_v[None, :], 0.0)  # vc's expression: the same bits
-            y = tl.where((src == NB - 1)[:, None], y * LAST_SCALE, y)
-            _, v8 = _to_e4m3(tl.math.div_rn(y, tl.broadcast_to(sv[None, :], y.shape)), HW_ROUND)
-            tl.store(VC8T + (bh * HEAD_D + d[None, :]) * NB_PAD + j[:, None], v8, mask=t_ok)
+            # the stores are masked at NB_PAD: with ROWS > 128 the last step passes it
+            summary_tile_rows(KC8, VC8T, bh, j, d, kc, y, src, NB, NB_PAD, skc, sv,
+                              LAST_SCALE, HEAD_D, HW_ROUND)
             r0 += ROWS
     else:
         while r0 < end:  # this part's rows of kc and vc
