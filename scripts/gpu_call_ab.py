@@ -2,17 +2,19 @@
 it on two checkouts in alternating processes for an A/B across revisions.
 
     python3 scripts/gpu_call_ab.py [--tree DIR] [--label NAME] [--recipe R] [--dense D]
-        [--taus 1.247 0.8009 ...] [--rounds 3] [--rep-ms 150] [--config JSON] [--out FILE.jsonl]
+        [--taus 1.247 0.8009 ...] [--also R ...] [--rounds 3] [--rep-ms 150] [--config JSON]
+        [--out FILE.jsonl]
     python3 scripts/gpu_call_ab.py --combine FILE.jsonl
 
 --tree: the checkout whose ``workbench`` package is timed (default: this one; the script's own
-code is this one's); --config: ``KernelConfig.from_overrides`` JSON for the calls. Each run
-appends one JSON line (label, env, commit, per-variant medians of `rounds` interleaved
-``do_bench`` rounds, rel-L2 against float64 on 64 evenly spaced rows, exact density) to --out;
---combine prints, per label and variant, the median over the runs' medians and the near-linear
-bound 1.15 x density x dense + 1.5 ms with the dense call of the same label. Why processes:
-two revisions of the package cannot share one; alternating them (A B A B) spreads the GPU's
-drifts over both.
+code is this one's); --also: further recipes of any sparsity timed in the same rounds (e.g. a
+VSA call at Sol's least density, which has no summary route); --config:
+``KernelConfig.from_overrides`` JSON for the calls. Each run appends one JSON line (label, env,
+commit, per-variant medians of `rounds` interleaved ``do_bench`` rounds, rel-L2 against float64
+on 64 evenly spaced rows, exact density) to --out; --combine prints, per label and variant, the
+median over the runs' medians and the near-linear bound 1.15 x density x dense + 1.5 ms with
+the dense call of the same label. Why processes: two revisions of the package cannot share one;
+alternating them (A B A B) spreads the GPU's drifts over both.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main(argv=None) -> int:
     p.add_argument("--recipe", default=DEFAULT_RECIPE)
     p.add_argument("--dense", default="fp8_dense_kv_loglinear")
     p.add_argument("--taus", nargs="+", type=float, default=DEFAULT_TAUS)
+    p.add_argument("--also", nargs="*", default=[])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rep-ms", type=int, default=150)
     p.add_argument("--config", default="{}", help="KernelConfig overrides as JSON")
@@ -101,6 +104,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--recipe: {a.recipe!r} is not a Sol recipe")
     recs = {"dense": get_recipe(a.dense)}
     recs.update({f"tau {t:g}": base.with_(sol_tau=t) for t in a.taus})
+    recs.update({name: get_recipe(name) for name in a.also})
     syn = H3_SYNTHETIC
     q, k, v = (t.contiguous() for t in synthetic_qkv(syn, device="cuda"))
     idx = evenly_spaced_rows(q.shape[1], 64).cuda()

@@ -1,6 +1,8 @@
 """Launch shapes of a sparse Sol call's front passes at the synthetic H3 shape (GPU): Q's codes
 with and without its block sums by warps, the block sums with and without Q, Sol's front (its
-statistics and row launches) by channels / rows / parts, and the list kernel's query order.
+statistics and row launches) by channels / rows / parts, the list kernel's query order, and the
+byte floor of the passes: a plain read of one BF16 operand, its conversion to E4M3 without
+scales, a read of its E4M3 codes (the most any pass over that many bytes could reach here).
 
     python3 scripts/gpu_front_passes.py [--rep-ms 200] [--out DIR]
 
@@ -17,6 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from workbench.bench.harness import env_info, median_ms  # noqa: E402
 from workbench.kernels import routing  # noqa: E402
@@ -25,6 +29,48 @@ from workbench.kernels.config import QuantConfig, RoutingConfig  # noqa: E402
 from workbench.kernels.quantize import quantize_tokens  # noqa: E402
 from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import H3_SYNTHETIC, synthetic_qkv  # noqa: E402
+
+
+@triton.jit
+def _read_kernel(X, OUT, N, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+    """Sum of STEPS x BLOCK consecutive elements per program: a read with nothing else to do."""
+    base = tl.program_id(0) * (BLOCK * STEPS)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in range(STEPS):
+        o = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(X + o, mask=o < N, other=0.0).to(tl.float32)
+    tl.store(OUT + tl.program_id(0), tl.sum(acc))
+
+
+@triton.jit
+def _convert_kernel(X, Y, N, BLOCK: tl.constexpr):
+    """Y = E4M3(X) elementwise, no scale: the bytes of a quantizer pass and nothing else."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + o, mask=o < N, other=0.0)
+    tl.store(Y + o, x.to(tl.float32).to(tl.float8e4nv), mask=o < N)
+
+
+def byte_floor(x: torch.Tensor, t) -> dict:
+    """The best of a few launch shapes for a read of x (BF16), its E4M3 conversion and a read
+    of the E4M3 codes; t(what, fn) times one -> {kind: ms}."""
+    n = x.numel()
+    x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    best = {}
+    for kind, src in (("BF16 read", x), ("E4M3 read", x8)):
+        for block, steps in ((2048, 8), (4096, 8), (8192, 4)):
+            part = torch.empty(triton.cdiv(n, block * steps), dtype=torch.float32,
+                               device=x.device)
+            t(f"byte floor: {kind} of {n * src.element_size() / 1e6:.0f} MB, {block} x {steps}",
+              lambda src=src, part=part, b=block, st=steps: _read_kernel[(part.numel(),)](
+                  src, part, n, BLOCK=b, STEPS=st, num_warps=8))
+            best[kind] = min(best.get(kind, float("inf")), t.last)
+    for block in (2048, 4096, 8192):
+        t(f"byte floor: BF16 -> E4M3 conversion, {block} per program",
+          lambda b=block: _convert_kernel[(triton.cdiv(n, b),)](x, x8, n, BLOCK=b, num_warps=8))
+        best["conversion"] = min(best.get("conversion", float("inf")), t.last)
+    t("byte floor: BF16 -> E4M3 conversion, torch", lambda: x8.copy_(x))
+    best["conversion"] = min(best["conversion"], t.last)
+    return best
 
 
 def main(argv=None) -> int:
@@ -42,9 +88,18 @@ def main(argv=None) -> int:
         fn()
         torch.cuda.synchronize()
         rows.append({"what": what, "ms": median_ms(fn, rep_ms=a.rep_ms)})
+        t.last = rows[-1]["ms"]
         print(f"| {what} | {rows[-1]['ms']:.4f} |", flush=True)
 
     print("| pass | ms |\n|---|---|")
+    floor = byte_floor(q, t)
+    # what an FP8 call's passes must move at least: Q, K, V each converted once, K and V read
+    # once more before (their means and V's extremes precede their centred codes), V's codes
+    # read once for the correction
+    need = 3 * floor["conversion"] + 2 * floor["BF16 read"] + floor["E4M3 read"]
+    rows.append({"what": "byte floor of an FP8 call's passes", "ms": need})
+    print(f"| byte floor of an FP8 call's passes (3 conversions + 2 BF16 reads + 1 E4M3 read) | "
+          f"{need:.4f} |", flush=True)
     t("Q codes (qk_warps 8)", lambda: quantize_tokens(q))
     qsum = torch.empty((B, H, nb, D), dtype=torch.float32, device="cuda")
     for w in (2, 4, 8, 16):
