@@ -170,12 +170,12 @@ def compile_ws_lists(overrides: dict, ints: dict):
     types = _ws_types(64, 64) + ["*i32", "*i32", "i32", "i32", "i32"]  # lists, N_QB, N_KB, N_BH
     types += ["*fp32", "*fp32"] if merge else ["constexpr", "constexpr"]  # SUM_O, SUM_ML
     types += ["*i32", "i32", "i32"]  # ORDER, ORDER_STRIDE, HEAVY
-    if tiles:  # the kc8 / vc8^T descriptors, SKC, WORDS
+    if tiles:  # the kc8 / vc8^T descriptors, SKC, EXACT
         f8 = gl.float8e4nv
         lk = gl.NVMMASharedLayout.get_default_for([64, 128], f8)
         lv = gl.NVMMASharedLayout.get_default_for([128, 64], f8)
         types += [f"tensordesc<fp8e4nv[64, 128],{lk!r}>",
-                  f"tensordesc<fp8e4nv[128, 64],{lv!r}>", "*fp32", "*i32"]
+                  f"tensordesc<fp8e4nv[128, 64],{lv!r}>", "*fp32", "*u8"]
     else:
         types += ["constexpr"] * 4
     types += ["fp32"]  # LAST_LOG2

@@ -31,8 +31,7 @@ each consumer runs it after its exact tiles as E4M3 tiles through the same ring:
 of the head in tiles of 128 (``summary_tiles``: the block means kc / skc, one scale per head, as
 the K boxes; the block sums vc / (256 s_v) as the V^T boxes, so P = 2^(s - m + 8) in E4M3 keeps
 the weights out of E4M3's subnormals), a consumer's exact blocks masked by a score bias of -inf
-that the producer writes into shared memory from the decisions' bits (``routing.exact_words``,
-loaded a tile ahead); the row sum adds each
+that the producer writes into shared memory from ``routing.exact``; the row sum adds each
 weight times 64 rows in FP32 (the sequence's last block of n rows: its weight carries n / 64
 through its score bias and its vc8 column is its sum times 64 / n, so no tile is special).
 With ``row_sum="p_operand"`` the exact tiles' row sum is P @ ones on the tensor cores, one n = 8
@@ -104,7 +103,6 @@ from .attention_fp8_ws import (
 )
 from .e4m3 import interpreting
 from .quantize import _v_src_token, over_448, summary_tile_rows, v_token_order
-from .routing import exact_words
 
 
 @gluon.jit
@@ -158,61 +156,31 @@ def _produce(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, re
 
 
 @gluon.jit
-def _summary_words(wrow, u, n_sum):
-    """Lane l's word of summary tile u's decisions (``routing.exact_words``, row `wrow`): word
-    4 u + l // 8, which holds the bits of the lane's four blocks 128 u + 4 l .. 4 l + 3 (zeros
-    for u past the last tile); one per lane, in the row layout of ``_summary_bias``."""
-    w2: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [1, 1], [1, 0])
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(1, w2))
-    return gl.load(wrow + 4 * u + lane // 8, mask=(lane < 32) & (u < n_sum), other=0)
-
-
-@gluon.jit
-def _summary_bias(w, u, N_KB, last_bias):
-    """Summary tile u's score bias [32, 4] (block 128 u + 4 l + k at [l, k]): -inf for an exact
-    block (its bit in the lane's word w) and past the sequence, last_bias for the sequence's
-    last block, else 0."""
-    w2: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [1, 1], [1, 0])
-    lane = gl.arange(0, 32, layout=gl.SliceLayout(1, w2))[:, None]
-    k = gl.arange(0, 4, layout=gl.SliceLayout(0, w2))[None, :]
-    jb = u * 128 + 4 * lane + k
-    bit = (w[:, None] >> (4 * (lane % 8) + k)) & 1
-    bias = gl.where(jb == N_KB - 1, last_bias, 0.0)
-    return gl.where((bit != 0) | (jb >= N_KB), float("-inf"), bias)
-
-
-@gluon.jit
-def _produce_sum(c: gl.constexpr, i, pair, words, lists, k_desc, v_desc, k_smem, v_smem, ready,
-                 empty, kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, wrow,
+def _produce_sum(c: gl.constexpr, i, pair, lists, k_desc, v_desc, k_smem, v_smem, ready,
+                 empty, kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, exrow,
                  last_bias):
     """``_produce`` with Sol's summary tiles (``SUM_TILES``): running tile i of consumer c is
     its exact tile i (blocks in `pair`) for i < n_all, then summary tile i - n_all: the kc8
-    rows and vc8^T columns of 128 key blocks, and the tile's score bias (``_summary_bias`` of
-    `words`, the tile's decisions: its blocks of the consumer's exact list and past the
-    sequence -inf; the sequence's last block `last_bias`, ``_last_bias``; else 0) stored into
-    shared memory before the arrive that completes the slot. Returns the next tile's blocks
-    and words: a summary tile's words are loaded a tile ahead (``routing.exact_words``, row
-    `wrow`), so that no load waits on the producer's path (the decisions read as bytes after
-    the slot's wait made each summary tile cost about twice an exact one at Sol's least
-    density, H200 2026-12-03)."""
+    rows and vc8^T columns of 128 key blocks, and the tile's score bias (-inf for a block of
+    the consumer's exact list and past the sequence: its flags in ``routing.exact``, row
+    `exrow`; `last_bias` for the sequence's last block, ``_last_bias``; else 0) stored into
+    shared memory before the arrive that completes the slot."""
     STAGES: gl.constexpr = ready.shape[0] // 3
     lst, cnt, n_all, n_full, runs, _ = lists[c]
     tot = gl.where(runs, n_sum + n_all, 0)
     nxt = pair
-    nxt_words = words
     if i < tot:
         slot = c * STAGES + i % STAGES
-        if i >= n_all:  # in flight while the producer waits for the slot
-            nxt_words = _summary_words(wrow, i - n_all + 1, n_sum)
         mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
         nbytes: gl.constexpr = 2 * (k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         rb = ready.index(slot)
         if i >= n_all:
             u = i - n_all
-            bl: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])  # the same registers
-            bias = gl.convert_layout(gl.reshape(_summary_bias(words, u, N_KB, last_bias), [128]),
-                                     bl)
-            bias_smem.index(slot).store(bias)
+            bl: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+            jb = u * 128 + gl.arange(0, 128, layout=bl)
+            ex = gl.load(exrow + jb, mask=jb < N_KB, other=1)
+            bias = gl.where(jb == N_KB - 1, last_bias, 0.0)
+            bias_smem.index(slot).store(gl.where(ex != 0, float("-inf"), bias))
             mbarrier.expect(rb, nbytes)
             _load_slot(ks_desc, vs_desc, (ksbase + u * 128, ksbase + u * 128 + 64),
                        (u * 128, u * 128 + 64), vbase, rb, k_smem, v_smem, slot)
@@ -222,7 +190,7 @@ def _produce_sum(c: gl.constexpr, i, pair, words, lists, k_desc, v_desc, k_smem,
             j0, j1 = pair
             _load_slot(k_desc, v_desc, (kbase + j0 * 64, kbase + j1 * 64), (j0 * 64, j1 * 64),
                        vbase, rb, k_smem, v_smem, slot)
-    return nxt, nxt_words
+    return nxt
 
 
 @gluon.jit
@@ -291,34 +259,29 @@ def _producer(args, cid: gl.constexpr, P_LOG2_SCALE: gl.constexpr, PERM_P: gl.co
     p2 = _pair(lists[2][0], lists[2][1], lists[2][2], 0)
     if SUM_TILES:
         # after a consumer's exact tiles its ring takes Sol's summary tiles, n_sum each
-        N_QB, N_KB, ks_desc, vs_desc, WORDS, bias_smem = (args[30], args[31], args[39],
+        N_QB, N_KB, ks_desc, vs_desc, EXACT, bias_smem = (args[30], args[31], args[39],
                                                           args[40], args[42], args[43])
         n_sum = gl.cdiv(N_KB, 128)
         ksbase = bhk * n_sum * 128
         t0 = gl.where(lists[0][4], n_sum + lists[0][2], 0)
         t1 = gl.where(lists[1][4], n_sum + lists[1][2], 0)
         t2 = gl.where(lists[2][4], n_sum + lists[2][2], 0)
-        # each consumer's row of decision words (4 per summary tile), its first tile's words
-        # loaded now: they wait in registers through the exact tiles
-        x0 = WORDS + (bh * N_QB + lists[0][5]).to(gl.int64) * (4 * n_sum)
-        x1 = WORDS + (bh * N_QB + lists[1][5]).to(gl.int64) * (4 * n_sum)
-        x2 = WORDS + (bh * N_QB + lists[2][5]).to(gl.int64) * (4 * n_sum)
-        w0 = _summary_words(x0, 0, n_sum)
-        w1 = _summary_words(x1, 0, n_sum)
-        w2 = _summary_words(x2, 0, n_sum)
+        x0 = EXACT + (bh * N_QB + lists[0][5]).to(gl.int64) * N_KB
+        x1 = EXACT + (bh * N_QB + lists[1][5]).to(gl.int64) * N_KB
+        x2 = EXACT + (bh * N_QB + lists[2][5]).to(gl.int64) * N_KB
         b0 = _last_bias(0, args)
         b1 = _last_bias(1, args)
         b2 = _last_bias(2, args)
         for i in range(gl.maximum(t0, gl.maximum(t1, t2))):
-            p0, w0 = _produce_sum(0, i, p0, w0, lists, k_desc, v_desc, k_smem, v_smem, ready,
-                                  empty, kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB,
-                                  bias_smem, x0, b0)
-            p1, w1 = _produce_sum(1, i, p1, w1, lists, k_desc, v_desc, k_smem, v_smem, ready,
-                                  empty, kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB,
-                                  bias_smem, x1, b1)
-            p2, w2 = _produce_sum(2, i, p2, w2, lists, k_desc, v_desc, k_smem, v_smem, ready,
-                                  empty, kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB,
-                                  bias_smem, x2, b2)
+            p0 = _produce_sum(0, i, p0, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x0,
+                              b0)
+            p1 = _produce_sum(1, i, p1, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x1,
+                              b1)
+            p2 = _produce_sum(2, i, p2, lists, k_desc, v_desc, k_smem, v_smem, ready, empty,
+                              kbase, vbase, ks_desc, vs_desc, ksbase, n_sum, N_KB, bias_smem, x2,
+                              b2)
     else:
         for i in range(gl.maximum(lists[0][2], gl.maximum(lists[1][2], lists[2][2]))):
             p0 = _produce(0, i, p0, lists, k_desc, v_desc, k_smem, v_smem, ready, empty, kbase,
@@ -585,7 +548,7 @@ def _fp8_attn_ws_lists_kernel(
     q_desc, k_desc, v_desc, SQ, SK, VS, VC, OUT, LSE,
     S, S_pad, H, GROUP, row_start, qk_scale_log2, stride_ob, stride_os, stride_oh,
     BLOCKS, COUNTS, N_QB, N_KB, N_BH, SUM_O, SUM_ML, ORDER, ORDER_STRIDE, HEAVY,
-    ks_desc, vs_desc, SKC, WORDS, LAST_LOG2,
+    ks_desc, vs_desc, SKC, EXACT, LAST_LOG2,
     STAGES: gl.constexpr, CONS_REGS: gl.constexpr, P_LOG2_SCALE: gl.constexpr,
     PERM_P: gl.constexpr, WRITE_LSE: gl.constexpr, OUT_F32: gl.constexpr,
     INIT_SUMMARY: gl.constexpr, SUM_TILES: gl.constexpr = False,
@@ -632,7 +595,7 @@ def _fp8_attn_ws_lists_kernel(
     # the dense kernel's 28 arguments first (its epilogue helper reads them), then the lists':
     # 28 BLOCKS, 29 COUNTS, 30 N_QB, 31 N_KB, 32 the K scales' offset, 33 N_BH, 34 SUM_O,
     # 35 SUM_ML, 36 the CTA's first ORDER entry, 37 ORDER, 38 ORDER_STRIDE; Sol's summary
-    # tiles: 39 / 40 the kc8 / vc8^T descriptors, 41 SKC, 42 WORDS, 43 the bias slots,
+    # tiles: 39 / 40 the kc8 / vc8^T descriptors, 41 SKC, 42 EXACT, 43 the bias slots,
     # 44 LAST_LOG2 (``_last_bias``); then with ROW_SUM_MMA the [8, 64] E4M3 ones tile
     args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty,
             SQ, SK, VS, VC, OUT, LSE, S, S_pad, n_scale, bh, bhk, b, h, m0, qk_scale_log2,
@@ -640,7 +603,7 @@ def _fp8_attn_ws_lists_kernel(
             BLOCKS, COUNTS, N_QB, N_KB, bhk * n_scale, N_BH, SUM_O, SUM_ML, pid_q0, ORDER,
             ORDER_STRIDE)
     if SUM_TILES:
-        args = args + (ks_desc, vs_desc, SKC, WORDS, bias_smem, LAST_LOG2)
+        args = args + (ks_desc, vs_desc, SKC, EXACT, bias_smem, LAST_LOG2)
     if ROW_SUM_MMA:  # P @ ones' B tile (row_sum "p_operand"), one per 64-key half
         args = args + (_ones_tile(64),)
     # one consumer function, its index a constexpr argument (as in attention_fp8_ws)
@@ -839,10 +802,8 @@ def fp8_attention_ws_lists(qkv, routing, *, out, lse, scale: float, row_start: i
                                           gl.NVMMASharedLayout.get_default_for([64, D], f8))
         vs = TensorDescriptor.from_tensor(summary.vc8t.view(-1, nk_pad), [D, 64],
                                           gl.NVMMASharedLayout.get_default_for([D, 64], f8))
-        words = routing.exact_words
-        if words is None:  # a routing made without them (the torch front, a given mask)
-            words = exact_words(routing.exact)
-        tiles = (ks, vs, summary.skc, words.contiguous(), summary.last_log2)
+        tiles = (ks, vs, summary.skc, routing.exact.contiguous().view(torch.uint8),
+                 summary.last_log2)
     _fp8_attn_ws_lists_kernel[grid](
         qd, kd, vd, qkv.q_scale, qkv.k_scale, qkv.v_scale, qkv.v_corr, out,
         lse if lse is not None else out,

@@ -499,7 +499,6 @@ class BlockRouting:
     From Sol's front (``sol_routing_fused``): tiles, the summary route's E4M3 operands
     (``attention_fp8_ws_lists.SummaryTiles``) when asked; v_scales, V's channel scales and
     their reciprocals [B, Hkv, D] (``quantize.quantize_v``'s, which then takes them).
-    exact_words (Sol): ``exact_words(exact)`` [B, H, nq, NW] int32, made with the lists.
     """
 
     blocks: torch.Tensor
@@ -512,7 +511,6 @@ class BlockRouting:
     dense_rows: int = 0
     tiles: object | None = None
     v_scales: tuple[torch.Tensor, torch.Tensor] | None = None
-    exact_words: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.dense_rows <= self.exact.shape[-2]:
@@ -554,9 +552,9 @@ def compact_blocks(exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @triton.jit
 def _lists_kernel(
     SCORES, THETA, MASK, BLOCKS, COUNTS, EXACT,
-    R, nq, nk, band, sink_blocks, exact_rows, keep, stride_s, stride_m, tau, WORDS, NW,
+    R, nq, nk, band, sink_blocks, exact_rows, keep, stride_s, stride_m, tau,
     NK_PAD: tl.constexpr, ROWS: tl.constexpr, MODE: tl.constexpr, EXEMPT: tl.constexpr,
-    THETA_ROW: tl.constexpr = False, WORDS_OUT: tl.constexpr = False,
+    THETA_ROW: tl.constexpr = False,
 ):
     """ROWS list rows r = (b * H + h) * nq + i per program. MODE "sol": decide exact = score >
     theta | |i - j| <= band | j < sink_blocks (``sol_exact``); "topk": VSA's ``keep`` largest
@@ -567,8 +565,7 @@ def _lists_kernel(
     exact threshold is: mean_j qbar . kc_j and qbar^T cov(kc) qbar, ``sol_threshold``).
     Both decision modes then make every block exact in the first ``exact_rows`` query blocks
     of each head (i = r % nq; the recipe's ``prefix_blocks_exact``). Then the compaction of
-    ``compact_blocks``: exact blocks to cs - 1, the others to count + j - cs. WORDS_OUT: the
-    decisions also as bits, NW int32 words per row (``exact_words``; NK_PAD >= 32 NW)."""
+    ``compact_blocks``: exact blocks to cs - 1, the others to count + j - cs."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     j = tl.arange(0, NK_PAD)
     row_ok = r < R
@@ -619,13 +616,6 @@ def _lists_kernel(
     tl.store(COUNTS + r, count, mask=row_ok)
     if MODE != "mask":
         tl.store(EXACT + row + j[None, :], exact.to(tl.uint8), mask=ok)
-    if WORDS_OUT:
-        # bit b of word w = block 32 w + b (two's complement wraps the sum of bit 31 exactly)
-        sh = tl.arange(0, 32)
-        words = tl.sum(tl.reshape(e, [ROWS, NK_PAD // 32, 32]) << sh[None, None, :], axis=2)
-        w = tl.arange(0, NK_PAD // 32)
-        tl.store(WORDS + r64[:, None] * NW + w[None, :], words,
-                 mask=row_ok[:, None] & (w < NW)[None, :])
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -635,21 +625,17 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
-                  sink_blocks=0, mask=None, keep=None, exempt=False, tau=None, exact_rows=0,
-                  words=False):
+                  sink_blocks=0, mask=None, keep=None, exempt=False, tau=None, exact_rows=0):
     """R list rows of nk key blocks: Sol from scores [R, nk] / theta [R] (or, given tau, theta
     = the row's mean + tau x its standard deviation: Sol's exact threshold), VSA's top ``keep``
     of scores [R, nk], or from the bool mask [R, nk] (unit stride along nk) -> (blocks [R, nk]
-    int32, counts [R] int32, exact, the decisions' ``exact_words`` [R, NW] when words, else
-    None)."""
+    int32, counts [R] int32, exact)."""
     mode = "mask" if mask is not None else ("topk" if keep is not None else "sol")
     blocks = torch.empty((R, nk), dtype=torch.int32, device=device)
     counts = torch.empty((R,), dtype=torch.int32, device=device)
     exact = mask if mode == "mask" else torch.empty((R, nk), dtype=torch.bool, device=device)
-    nw = words_per_row(nk)
-    bits = torch.empty((R, nw), dtype=torch.int32, device=device) if words else None
     if R == 0:
-        return blocks, counts, exact, bits
+        return blocks, counts, exact
     rows = config.list_rows
     if rows < 1 or rows & (rows - 1):
         raise ValueError(f"RoutingConfig.list_rows: {rows} is not a power of two")
@@ -660,45 +646,23 @@ def _launch_lists(R, nq, nk, device, config, *, scores=None, theta=None, band=0,
         src, theta if mode == "sol" and not row_theta else counts, src, blocks, counts,
         exact.view(torch.uint8), R, nq, nk, band, sink_blocks, exact_rows, keep or 0,
         src.stride(0), src.stride(0), float(tau) if row_theta else 0.0,
-        bits if words else counts, nw,
-        # with words: a multiple of 128 blocks, at least the NW words' 32 NW (next_power_of_2
-        # of nk > 128 is one)
-        NK_PAD=max(triton.next_power_of_2(nk), 128 if words else 1), ROWS=rows, MODE=mode,
-        EXEMPT=bool(exempt), THETA_ROW=row_theta, WORDS_OUT=bool(words),
-        num_warps=config.list_warps,
+        NK_PAD=triton.next_power_of_2(nk), ROWS=rows, MODE=mode, EXEMPT=bool(exempt),
+        THETA_ROW=row_theta, num_warps=config.list_warps,
     )
-    return blocks, counts, exact, bits
-
-
-def words_per_row(nk: int) -> int:
-    """int32 words per row of ``exact_words``: 4 per 128 key blocks (a summary tile's)."""
-    return -(-nk // 128) * 4
-
-
-def exact_words(exact: torch.Tensor) -> torch.Tensor:
-    """exact [..., nk] bool -> [..., words_per_row(nk)] int32, bit b of word w = exact[...,
-    32 w + b] (zeros past nk): the list kernel's producer takes a summary tile's 128 decisions
-    as one 4-byte load per lane (``sol_lists(words=True)`` makes them with the lists; this is
-    their twin, and the words of a routing made without them)."""
-    nk = exact.shape[-1]
-    nw = words_per_row(nk)
-    pad = torch.zeros((*exact.shape[:-1], nw * 32), dtype=torch.int64, device=exact.device)
-    pad[..., :nk] = exact
-    sh = torch.arange(32, device=exact.device, dtype=torch.int64)
-    w = (pad.view(*exact.shape[:-1], nw, 32) << sh).sum(-1)
-    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+    return blocks, counts, exact
 
 
 def sol_lists(scores: torch.Tensor, theta: torch.Tensor | None, band: int, sink_blocks: int, *,
               tau: float | None = None, exact_rows: int = 0,
-              config: RoutingConfig = DEFAULT.routing, words: bool = False) -> tuple:
+              config: RoutingConfig = DEFAULT.routing
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sol's decisions and lists in one pass. scores [..., nq, nk] FP32, theta [..., nq] FP32 (as
     ``sol_scores``), or theta None and a finite tau: each row's mean score + tau x their
     standard deviation (the exact threshold, ``sol_routing_fused``); band: the diagonal
     half-width, sink_blocks: leading key blocks that are always exact, exact_rows: leading
     query blocks whose every block is exact (``prefix_blocks_exact``) -> (blocks [..., nq, nk]
     int32, counts [..., nq] int32, exact [..., nq, nk] bool), equal to
-    ``compact_blocks(sol_exact(...))``; words: a fourth, ``exact_words(exact)`` [..., nq, NW]."""
+    ``compact_blocks(sol_exact(...))``."""
     *lead, nq, nk = scores.shape
     if (theta is None) == (tau is None):
         raise ValueError("sol_lists: give theta or tau, not both")
@@ -711,12 +675,11 @@ def sol_lists(scores: torch.Tensor, theta: torch.Tensor | None, band: int, sink_
     if scores2.dtype != torch.float32 or (theta1 is not None and theta1.dtype != torch.float32):
         raise ValueError(f"sol_lists: scores / theta are {scores.dtype} / "
                          f"{None if theta is None else theta.dtype}, expected float32")
-    blocks, counts, exact, bits = _launch_lists(scores2.shape[0], nq, nk, scores.device, config,
-                                                scores=scores2, theta=theta1, band=int(band),
-                                                sink_blocks=int(sink_blocks), tau=tau,
-                                                exact_rows=int(exact_rows), words=words)
-    out = (blocks.view(scores.shape), counts.view(*lead, nq), exact.view(scores.shape))
-    return out + (bits.view(*lead, nq, -1),) if words else out
+    blocks, counts, exact = _launch_lists(scores2.shape[0], nq, nk, scores.device, config,
+                                          scores=scores2, theta=theta1, band=int(band),
+                                          sink_blocks=int(sink_blocks), tau=tau,
+                                          exact_rows=int(exact_rows))
+    return blocks.view(scores.shape), counts.view(*lead, nq), exact.view(scores.shape)
 
 
 def mask_lists(exact: torch.Tensor, *, config: RoutingConfig = DEFAULT.routing
@@ -726,8 +689,8 @@ def mask_lists(exact: torch.Tensor, *, config: RoutingConfig = DEFAULT.routing
     if exact.dtype != torch.bool:
         raise ValueError(f"mask_lists: exact is {exact.dtype}, expected bool")
     mask = _rows(exact)
-    blocks, counts, _, _ = _launch_lists(mask.shape[0], 1, mask.shape[1], exact.device,
-                                         config, mask=mask)
+    blocks, counts, _ = _launch_lists(mask.shape[0], 1, mask.shape[1], exact.device, config,
+                                      mask=mask)
     return blocks.view(exact.shape), counts.view(exact.shape[:-1])
 
 
@@ -750,10 +713,10 @@ def vsa_lists(scores: torch.Tensor, keep: int, sink_blocks: int, exempt: bool, *
         raise ValueError("vsa_lists: exact_rows needs scores [..., nq, nk]")
     scores2 = _rows(scores)
     nq = scores.shape[-2] if exact_rows else 1
-    blocks, counts, exact, _ = _launch_lists(scores2.shape[0], nq, nk, scores.device, config,
-                                             scores=scores2, keep=int(keep),
-                                             sink_blocks=int(sink_blocks), exempt=exempt,
-                                             exact_rows=int(exact_rows))
+    blocks, counts, exact = _launch_lists(scores2.shape[0], nq, nk, scores.device, config,
+                                          scores=scores2, keep=int(keep),
+                                          sink_blocks=int(sink_blocks), exempt=exempt,
+                                          exact_rows=int(exact_rows))
     return blocks.view(scores.shape), counts.view(scores.shape[:-1]), exact.view(scores.shape)
 
 
@@ -835,11 +798,10 @@ def sol_routing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     scores, theta = sol_scores(qbar, _expand(kc, group), recipe, c)
     dense_rows = prefix_query_blocks(recipe, layout.prefix_len, recipe.sol_block,
                                      scores.shape[-2])
-    blocks, counts, exact, words = sol_lists(scores, theta, recipe.sol_band,
-                                             sink_blocks(layout.prefix_len, recipe.sol_block),
-                                             exact_rows=dense_rows, config=config, words=True)
-    return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc, dense_rows,
-                        exact_words=words)
+    blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
+                                      sink_blocks(layout.prefix_len, recipe.sol_block),
+                                      exact_rows=dense_rows, config=config)
+    return BlockRouting(blocks, counts, exact, recipe.sol_block, sums.lens, kc, vc, dense_rows)
 
 
 def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
@@ -864,13 +826,13 @@ def sol_routing_fused(sums: BlockSums, recipe: AttentionRecipe | str, *,
     scores = coarse_scores(f.qbar, f.kc, scale * LOG2E)
     dense_rows = prefix_query_blocks(recipe, layout.prefix_len, recipe.sol_block,
                                      scores.shape[-2])
-    blocks, counts, exact, words = sol_lists(scores, theta, recipe.sol_band,
-                                             sink_blocks(layout.prefix_len, recipe.sol_block),
-                                             tau=recipe.sol_tau if theta is None else None,
-                                             exact_rows=dense_rows, config=config, words=True)
+    blocks, counts, exact = sol_lists(scores, theta, recipe.sol_band,
+                                      sink_blocks(layout.prefix_len, recipe.sol_block),
+                                      tau=recipe.sol_tau if theta is None else None,
+                                      exact_rows=dense_rows, config=config)
     return f.mu_k, f.mu_v, f.v_amax, BlockRouting(
         blocks, counts, exact, recipe.sol_block, sums.lens, f.kc, f.vc, dense_rows,
-        tiles=f.tiles, v_scales=(f.v_scale, f.v_rcp), exact_words=words)
+        tiles=f.tiles, v_scales=(f.v_scale, f.v_rcp))
 
 
 def coarse_scores(qbar: torch.Tensor, kc: torch.Tensor, c: float) -> torch.Tensor:
