@@ -829,13 +829,21 @@ def heavy_groups(dense_rows: int, n_groups: int) -> int:
     return heavy if 0 < heavy < n_groups else 0
 
 
-def applies(qkv, sparse, splits: int, attention) -> bool:
-    """Whether a sparse launch takes this kernel (see the module docstring); ``attention``: the
-    call's ``AttentionConfig``."""
+def may_apply(sparse, attention, head_dim: int, fp8: bool) -> bool:
+    """What ``applies`` knows before the operands are quantized (the KV split count is chosen at
+    launch): the schedule, TMA boxes, the attention tiling, E4M3 operands at head dim 128, a
+    compiled launch. A Sol call makes the summary tiles with its routing only where this holds
+    (``dispatch``)."""
     from .e4m3 import interpreting
 
     tiling = (attention.block_n, attention.flush, attention.num_stages) == (128, "fma", 2) \
         and attention.max_imprecise >= 128
-    return (sparse.schedule == "warp_specialized" and splits == 1 and sparse.tma and tiling
-            and qkv.q8.dtype == torch.float8_e4m3fn and qkv.q8.shape[-1] == 128
-            and not interpreting())
+    return (sparse.schedule == "warp_specialized" and sparse.tma and tiling and fp8
+            and head_dim == 128 and not interpreting())
+
+
+def applies(qkv, sparse, splits: int, attention) -> bool:
+    """Whether a sparse launch takes this kernel (see the module docstring); ``attention``: the
+    call's ``AttentionConfig``."""
+    return splits == 1 and may_apply(sparse, attention, qkv.q8.shape[-1],
+                                     qkv.q8.dtype == torch.float8_e4m3fn)

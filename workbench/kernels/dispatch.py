@@ -178,10 +178,11 @@ def _fp8_rows(q, k, v, recipe: AttentionRecipe, layout, scale: float, prefix: in
         fp8 = not is_bf16_sparse(recipe)
         sums = sparse_block_sums(q, k, v, config.routing, q_codes=config.quant if fp8 else None)
         # FP8 Sol: the front also makes V's channel scales and, where the list kernel will
-        # take them (a compiled warp-specialized launch, head dim 128), the summary tiles
-        tiles = (fp8 and config.sparse.summary_kernel == "fp8_tiles" and q.is_cuda
-                 and config.sparse.schedule == "warp_specialized" and q.shape[-1] == 128
-                 and not interpreting())
+        # take them (its launch rule, less the split count chosen at launch), the summary tiles
+        from .attention_fp8_ws_lists import may_apply
+
+        tiles = (fp8 and q.is_cuda and config.sparse.summary_kernel == "fp8_tiles"
+                 and may_apply(config.sparse, config.attention, q.shape[-1], fp8))
         mu_k, mu_v, v_amax, route = routing_given_sums(
             q, k, v, recipe, layout, scale, sums, config.routing, tiles=tiles,
             v_perm=config.quant.v_perm)

@@ -345,19 +345,20 @@ def _sol_rows_kernel(QS, KS, VS, LENS, MU_K, MU_V, KBAR, DVAR, KC_AMAX, V_SCALE,
     mu_v = tl.load(MU_V + bh * HEAD_D + d)
     end = tl.minimum(NB, (part + 1) * CHUNK)
     r0 = part * CHUNK
+    stop = end
     if TILES:
         amax = tl.max(tl.load(KC_AMAX + bh * HEAD_D + d), axis=0)
         skc = tl.maximum(over_448(amax, SCALE_RECIP), 1e-30)
         if part == 0:
             tl.store(SKC + bh, skc)
         sv = 256.0 * tl.load(V_SCALE + bh * HEAD_D + d)
-        tile_end = tl.where(end == NB, NB_PAD, end)
-        while r0 < tile_end:
-            j, m, off, ln = _front_rows(base, r0, r, d, end, LENS, HEAD_D)
-            kc = tl.where(m, tl.load(KS + off, mask=m, other=0.0) / ln - mu_k[None, :], 0.0)
-            tl.store(KC + off, kc, mask=m)
-            tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :],
-                     mask=m)
+        stop = tl.where(end == NB, NB_PAD, end)  # the last part also writes the tiles' padding
+    while r0 < stop:  # this part's rows of kc and vc (and of the tiles)
+        j, m, off, ln = _front_rows(base, r0, r, d, end, LENS, HEAD_D)
+        kc = tl.where(m, tl.load(KS + off, mask=m, other=0.0) / ln - mu_k[None, :], 0.0)
+        tl.store(KC + off, kc, mask=m)
+        tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :], mask=m)
+        if TILES:
             src = _v_src_token(j, PERM)  # the block whose vc column j of vc8^T holds
             sm = (src < NB)[:, None]
             sln = tl.load(LENS + src, mask=src < NB, other=1.0)[:, None]
@@ -366,15 +367,7 @@ def _sol_rows_kernel(QS, KS, VS, LENS, MU_K, MU_V, KBAR, DVAR, KC_AMAX, V_SCALE,
             # the stores are masked at NB_PAD: with ROWS > 128 the last step passes it
             summary_tile_rows(KC8, VC8T, bh, j, d, kc, y, src, NB, NB_PAD, skc, sv,
                               LAST_SCALE, HEAD_D, HW_ROUND)
-            r0 += ROWS
-    else:
-        while r0 < end:  # this part's rows of kc and vc
-            j, m, off, ln = _front_rows(base, r0, r, d, end, LENS, HEAD_D)
-            tl.store(KC + off, tl.load(KS + off, mask=m, other=0.0) / ln - mu_k[None, :],
-                     mask=m)
-            tl.store(VC + off, tl.load(VS + off, mask=m, other=0.0) - ln * mu_v[None, :],
-                     mask=m)
-            r0 += ROWS
+        r0 += ROWS
     if DIAG:
         kbar = tl.load(KBAR + bh * HEAD_D + d)
         dvar = tl.load(DVAR + bh * HEAD_D + d)
@@ -460,13 +453,14 @@ def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *,
         HEAD_D=D, CH=ch, ROWS=rows, SMOOTH_K=recipe.smooth_k, SMOOTH_V=recipe.smooth_v,
         DIAG=diag, SCALE_RECIP=not interp,
     )
-    summary = None
+    summary, last_scale = None, 1.0
     if tiles:
         from .attention_fp8_ws_lists import SummaryTiles, last_block_rows
 
         nb_pad = triton.cdiv(nb, 128) * 128
         f8 = torch.float8_e4m3fn
         n_last = last_block_rows(sums.seq_len)
+        last_scale = 64.0 / n_last
         summary = SummaryTiles(torch.empty((B, Hkv, nb_pad, D), dtype=f8, device=kc.device),
                                torch.empty((B, Hkv, D, nb_pad), dtype=f8, device=kc.device),
                                torch.empty((B * Hkv,), **f32), math.log2(n_last / 64),
@@ -479,7 +473,7 @@ def sol_front(sums: BlockSums, recipe: AttentionRecipe, scale: float, *,
         kc, vc, qbar, theta if diag else qbar, *t8, nb,
         summary.kc8.shape[2] if tiles else nb, H // Hkv, chunk,
         recipe.sol_tau if diag else 0.0, scale * LOG2E,
-        64.0 / last_block_rows(sums.seq_len) if tiles else 1.0,
+        last_scale,
         HEAD_D=D, ROWS=rows, DIAG=diag, TILES=tiles, PERM=v_perm, SCALE_RECIP=not interp,
         HW_ROUND=not interp,
     )
