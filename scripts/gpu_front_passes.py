@@ -52,25 +52,26 @@ def _convert_kernel(X, Y, N, BLOCK: tl.constexpr):
 
 def byte_floor(x: torch.Tensor, t) -> dict:
     """The best of a few launch shapes for a read of x (BF16), its E4M3 conversion and a read
-    of the E4M3 codes; t(what, fn) times one -> {kind: ms}."""
+    of the E4M3 codes; t(what, fn) times one and returns its ms -> {kind: best ms}."""
     n = x.numel()
     x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    best = {}
+    ms = {"BF16 read": [], "E4M3 read": [], "conversion": []}
     for kind, src in (("BF16 read", x), ("E4M3 read", x8)):
         for block, steps in ((2048, 8), (4096, 8), (8192, 4)):
             part = torch.empty(triton.cdiv(n, block * steps), dtype=torch.float32,
                                device=x.device)
-            t(f"byte floor: {kind} of {n * src.element_size() / 1e6:.0f} MB, {block} x {steps}",
-              lambda src=src, part=part, b=block, st=steps: _read_kernel[(part.numel(),)](
-                  src, part, n, BLOCK=b, STEPS=st, num_warps=8))
-            best[kind] = min(best.get(kind, float("inf")), t.last)
+            ms[kind].append(t(
+                f"byte floor: {kind} of {n * src.element_size() / 1e6:.0f} MB, {block} x {steps}",
+                lambda src=src, part=part, b=block, st=steps: _read_kernel[(part.numel(),)](
+                    src, part, n, BLOCK=b, STEPS=st, num_warps=8)))
     for block in (2048, 4096, 8192):
-        t(f"byte floor: BF16 -> E4M3 conversion, {block} per program",
-          lambda b=block: _convert_kernel[(triton.cdiv(n, b),)](x, x8, n, BLOCK=b, num_warps=8))
-        best["conversion"] = min(best.get("conversion", float("inf")), t.last)
-    t("byte floor: BF16 -> E4M3 conversion, torch", lambda: x8.copy_(x))
-    best["conversion"] = min(best["conversion"], t.last)
-    return best
+        ms["conversion"].append(t(
+            f"byte floor: BF16 -> E4M3 conversion, {block} per program",
+            lambda b=block: _convert_kernel[(triton.cdiv(n, b),)](x, x8, n, BLOCK=b,
+                                                                   num_warps=8)))
+    ms["conversion"].append(t("byte floor: BF16 -> E4M3 conversion, torch",
+                              lambda: x8.copy_(x)))
+    return {kind: min(v) for kind, v in ms.items()}
 
 
 def main(argv=None) -> int:
@@ -88,8 +89,8 @@ def main(argv=None) -> int:
         fn()
         torch.cuda.synchronize()
         rows.append({"what": what, "ms": median_ms(fn, rep_ms=a.rep_ms)})
-        t.last = rows[-1]["ms"]
         print(f"| {what} | {rows[-1]['ms']:.4f} |", flush=True)
+        return rows[-1]["ms"]
 
     print("| pass | ms |\n|---|---|")
     floor = byte_floor(q, t)
