@@ -6,8 +6,8 @@
 For the dense recipe and the Sol recipe at each tau: (a) the call's kernels when it starts on an
 idle GPU (``harness.kernel_timeline``: its launches queued behind a sleep); (b) the same call
 run back to back for --load-s seconds (``harness.board_under_load``: SM clock and board power),
-then 8 more calls profiled without a pause: each kernel's median duration and the calls'
-kernel time per call; (c) ``do_bench``'s median with the L2 flushed before each call, as the
+then 8 more calls profiled (``harness.kernel_profile``): each kernel's time per call and
+their sum; (c) ``do_bench``'s median with the L2 flushed before each call, as the
 A/B and the benchmark tables time it. Why: the A/B times a Sol call at density 0.1 about
 0.48 ms (9%) above its idle timeline's span while the dense call's two agree within 0.4%;
 this says whether the list kernel itself runs slower under load, and at what clock.
@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-
 from workbench.bench.harness import (  # noqa: E402
     board_under_load,
     env_info,
+    kernel_profile,
     kernel_timeline,
     median_ms,
 )
@@ -38,24 +36,6 @@ from workbench.recipes import get_recipe  # noqa: E402
 from workbench.synthetic import H3_SYNTHETIC, synthetic_qkv  # noqa: E402
 
 DEFAULT_RECIPE = "fp8_sol_kv_loglinear:prefix_blocks_exact=false"
-
-
-def loaded_kernels(fn, n: int = 8) -> dict:
-    """{kernel: median us} over n back-to-back calls profiled right after a loaded stretch, and
-    the calls' summed kernel time per call (us)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            per.setdefault(e.name[:70], []).append(e.time_range.end - e.time_range.start)
-    total = sum(sum(v) for v in per.values()) / n
-    return {"kernels_us": {k: statistics.median(v) for k, v in per.items()},
-            "kernel_us_per_call": total}
 
 
 def main(argv=None) -> int:
@@ -87,22 +67,23 @@ def main(argv=None) -> int:
         idle = kernel_timeline(fn)
         idle_us = {}
         for row in idle:
-            idle_us[row["kernel"][:70]] = idle_us.get(row["kernel"][:70], 0.0) + row["us"]
+            idle_us[row["kernel"]] = idle_us.get(row["kernel"], 0.0) + row["us"]
         span = max((row["start_us"] + row["us"] for row in idle), default=0.0)
         board = board_under_load(fn, seconds=a.load_s)
-        loaded = loaded_kernels(fn)
+        loaded_us = {row["kernel"]: row["ms_per_call"] * 1e3 for row in kernel_profile(fn, n=8)
+                     if not row["kernel"].startswith("(span")}
         bench = median_ms(fn, rep_ms=300)
         main_kernel = max(idle_us, key=idle_us.get)
         run = {"variant": name, "recipe": r.to_string(), "idle_span_us": span,
                "idle_kernel_us": sum(idle_us.values()), "idle_kernels_us": idle_us,
-               "loaded_kernel_us_per_call": loaded["kernel_us_per_call"],
-               "loaded_kernels_us": loaded["kernels_us"], "do_bench_ms": bench, "board": board,
+               "loaded_kernel_us_per_call": sum(loaded_us.values()),
+               "loaded_kernels_us": loaded_us, "do_bench_ms": bench, "board": board,
                "main_kernel": main_kernel}
         runs.append(run)
         print(f"{name}: idle span {span / 1e3:.3f} ms (kernels {run['idle_kernel_us'] / 1e3:.3f}),"
-              f" loaded kernels {loaded['kernel_us_per_call'] / 1e3:.3f} ms/call, do_bench "
+              f" loaded kernels {run['loaded_kernel_us_per_call'] / 1e3:.3f} ms/call, do_bench "
               f"{bench:.3f} ms; {main_kernel} idle {idle_us[main_kernel] / 1e3:.3f} / loaded "
-              f"{loaded['kernels_us'].get(main_kernel, float('nan')) / 1e3:.3f} ms; board "
+              f"{loaded_us.get(main_kernel, float('nan')) / 1e3:.3f} ms; board "
               f"{board}", flush=True)
     print("\n| variant | idle span ms | loaded kernels ms/call | do_bench ms | main kernel idle / "
           "loaded ms | SM MHz | W |\n|---|---|---|---|---|---|---|")
